@@ -1,0 +1,1 @@
+"""The compiler half: adaptors, graph splitting, piecewise compilation and the backend."""

@@ -1,0 +1,156 @@
+"""Compile every non-splitting piece for the general shape, and per size on demand."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+import torch.fx as fx
+from torch._dispatch.python import enable_python_dispatcher
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+from ..cache.manager import CompilerManager
+
+logger = logging.getLogger("atom_compile")
+
+
+def shape_locator(args: list[Any]) -> Optional[list[int]]:
+    """Where a piece's runtime size (the token count) is read: [i] for a SymInt argument,
+    [i, d] for dim d of tensor argument i; None for a piece with no symbolic size."""
+    for i, x in enumerate(args):
+        if isinstance(x, torch.SymInt) and not x.node.expr.is_number:
+            return [i]
+    for i, x in enumerate(args):
+        if isinstance(x, torch.Tensor):
+            for d, size in enumerate(x.shape):
+                if isinstance(size, torch.SymInt) and not size.node.expr.is_number:
+                    return [i, d]
+    return None
+
+
+def read_runtime_shape(args: tuple, locator: Optional[list[int]]) -> Optional[int]:
+    if locator is None:
+        return None
+    x = args[locator[0]]
+    return int(x) if len(locator) == 1 else int(x.shape[locator[1]])
+
+
+@dataclass
+class ConcreteSizeEntry:
+    """One size from compile_sizes: compiled the first time a call of that size arrives."""
+
+    runtime_shape: int
+    runnable: Optional[Callable] = None
+
+
+class PiecewiseBackend:
+    """A compiled piece: the general-shape callable plus per-size entries."""
+
+    def __init__(
+        self,
+        graph: fx.GraphModule,
+        graph_index: int,
+        general: Callable,
+        locator: Optional[list[int]],
+        compile_sizes: list[int],
+        manager: CompilerManager,
+    ):
+        self.graph = graph
+        self.graph_index = graph_index
+        self.compiled_graph_for_general_shape = general
+        self.locator = locator
+        self.manager = manager
+        self.concrete_size_entries = (
+            {size: ConcreteSizeEntry(size) for size in compile_sizes} if locator is not None else {}
+        )
+
+    def __call__(self, *args: Any) -> Any:
+        entries = self.concrete_size_entries
+        if not entries:
+            return self.compiled_graph_for_general_shape(*args)
+        size = read_runtime_shape(args, self.locator)
+        entry = entries.get(size)
+        if entry is None:
+            return self.compiled_graph_for_general_shape(*args)
+        if entry.runnable is None:
+            entry.runnable = self.compile_size(size, list(args))
+        return entry.runnable(*args)
+
+    def compile_size(self, size: int, args: list[Any]) -> Callable:
+        fn = self.manager.compile(self.graph, args, self.graph_index, runtime_shape=size)
+        self.manager.flush()
+        return fn
+
+
+def install(split_gm: fx.GraphModule, name: str, backend: PiecewiseBackend) -> None:
+    """Put the compiled piece where the stitching module calls `self.<name>(...)`: an instance
+    attribute wins over `_modules`. Without per-size entries the general callable goes in
+    directly, one Python frame less per piece and step."""
+    split_gm.__dict__[name] = backend if backend.concrete_size_entries else backend.compiled_graph_for_general_shape
+
+
+class PiecewiseCompileInterpreter(torch.fx.Interpreter):
+    """Runs the split graph on fake inputs; compiles each piece as it reaches it.
+
+    Running it (rather than compiling pieces in isolation) gives every piece example inputs
+    with the symbolic sizes Dynamo traced, exactly as the stitching module will call it.
+    """
+
+    def __init__(
+        self,
+        split_gm: fx.GraphModule,
+        compile_names: list[str],
+        manager: CompilerManager,
+        compile_sizes: list[int],
+        fake_mode: FakeTensorMode,
+        progress: Optional[Callable[[], None]] = None,
+    ):
+        super().__init__(split_gm)
+        self.compile_names = compile_names
+        self.manager = manager
+        self.compile_sizes = compile_sizes
+        self.fake_mode = fake_mode
+        self.progress = progress
+        self.backends: dict[str, PiecewiseBackend] = {}
+
+    def run(self, *args: Any) -> Any:
+        fake_args = [
+            self.fake_mode.from_tensor(t) if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor) else t
+            for t in args
+        ]
+        with self.fake_mode, enable_python_dispatcher():
+            return super().run(*fake_args)
+
+    def call_module(self, target: Any, args: tuple, kwargs: dict) -> Any:
+        output = super().call_module(target, args, kwargs)
+        if target in self.compile_names:
+            index = self.compile_names.index(target)
+            submod = self.fetch_attr(target)
+            _stamp_outputs(submod, output)
+            locator = shape_locator(list(args))
+            general = self.manager.compile(submod, list(args), index, None, locator)
+            backend = PiecewiseBackend(submod, index, general, locator, self.compile_sizes, self.manager)
+            self.backends[target] = backend
+            install(self.module, target, backend)
+            if self.progress is not None:
+                self.progress()
+        return output
+
+
+def _stamp_outputs(graph: fx.GraphModule, output: Any) -> None:
+    """Give the piece's output nodes the fake values they produce, so that Inductor's
+    "from_graph" mode finds the traced fake mode even when Dynamo left no example_value."""
+    out_node = next(iter(reversed(graph.graph.nodes)))
+    if out_node.op != "output":
+        return
+    nodes = out_node.args[0]
+    values = output
+    if isinstance(nodes, fx.Node):
+        nodes, values = [nodes], [output]
+    if not isinstance(nodes, (list, tuple)) or not isinstance(values, (list, tuple)):
+        return
+    for node, value in zip(nodes, values):
+        if isinstance(node, fx.Node) and "example_value" not in node.meta and isinstance(value, FakeTensor):
+            node.meta["example_value"] = value

@@ -1,0 +1,118 @@
+"""Split a traced graph at its splitting ops (attention) into pieces compiled one by one."""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import torch
+import torch.fx as fx
+from torch.fx.passes.split_module import split_module
+
+from ..config import normalize_op_name
+from ..custom_ops import registered_splitting_ops
+
+# Modules whose builtin functions Dynamo records under their aten name
+# (torch.nn.functional.scaled_dot_product_attention is recorded as
+# torch._C._nn.scaled_dot_product_attention).
+_TORCH_FUNCTION_MODULES = ("torch", "torch._C", "torch._C._nn", "torch._C._VariableFunctions",
+                           "torch.nn.functional", "torch._C._special", "torch._C._linalg")
+
+
+@dataclass
+class SplitItem:
+    submod_name: str
+    graph_id: int
+    is_splitting_graph: bool
+    graph: fx.GraphModule
+
+
+def target_names(target: Any) -> set[str]:
+    """The names a call target answers to: `ns::op`, `ns::op.overload`, or `aten::fn` for a
+    torch function such as scaled_dot_product_attention."""
+    if isinstance(target, torch._ops.OpOverload):
+        base = target._schema.name  # "ns::op"
+        overload = target._overloadname
+        return {base, f"{base}.{overload}"}
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return {target._qualified_op_name}
+    name = getattr(target, "__name__", None)
+    module = getattr(target, "__module__", None) or ""
+    if name and (module in _TORCH_FUNCTION_MODULES or module.startswith("torch.")) \
+            and callable(target) and hasattr(torch.ops.aten, name):
+        return {f"aten::{name}"}
+    return set()
+
+
+def resolve_splitting_ops(splitting_ops: Iterable[str] | None) -> frozenset[str]:
+    """Normalised names to split at: the given ones plus ops registered with splitting=True."""
+    names = {normalize_op_name(op) for op in (splitting_ops or [])}
+    return frozenset(names | registered_splitting_ops())
+
+
+def is_splitting_node(node: fx.Node, names: frozenset[str]) -> bool:
+    return node.op == "call_function" and bool(target_names(node.target) & names)
+
+
+def split_graph(
+    graph: fx.GraphModule, splitting_ops: Iterable[str] | None
+) -> tuple[fx.GraphModule, list[SplitItem]]:
+    """Cut `graph` before and after every splitting op; return the stitching module and pieces.
+
+    Before (splitting_ops=["silly::attention"])::
+
+        def forward(x, out):
+            y = x + 1
+            torch.ops.silly.attention(y, y, y, out)
+            return out * 2
+
+    After, `split_gm` calls three pieces in order::
+
+        def forward(x, out):
+            y = self.submod_0(x)            # piece 0: x + 1
+            self.submod_1(y, out)           # piece 1: the splitting op alone
+            return self.submod_2(out)       # piece 2: out * 2
+
+    Consecutive splitting ops share one piece; a getitem stays with the node it unpacks; the
+    order of the original graph is kept. An empty `splitting_ops` (and no op registered with
+    splitting=True) gives one piece holding the whole graph.
+    """
+    names = resolve_splitting_ops(splitting_ops)
+    subgraph_id = 0
+    node_to_subgraph: dict[fx.Node, int] = {}
+    splitting_ids: set[int] = set()
+    previous_was_split = False
+    for node in graph.graph.nodes:
+        if node.op in ("output", "placeholder"):
+            continue
+        if node.op == "call_function" and node.target is operator.getitem \
+                and isinstance(node.args[0], fx.Node) and node.args[0] in node_to_subgraph:
+            node_to_subgraph[node] = node_to_subgraph[node.args[0]]
+            continue
+        if is_splitting_node(node, names):
+            if not previous_was_split:
+                subgraph_id += 1
+            node_to_subgraph[node] = subgraph_id
+            splitting_ids.add(subgraph_id)
+            previous_was_split = True
+        else:
+            if previous_was_split:
+                subgraph_id += 1
+                previous_was_split = False
+            node_to_subgraph[node] = subgraph_id
+
+    split_gm = split_module(
+        graph, None, lambda node: node_to_subgraph[node], keep_original_order=True
+    )
+
+    items: list[SplitItem] = []
+    names_in_order = [name for name, _ in split_gm.named_children()]
+    for name in names_in_order:
+        if "." in name or not name.startswith("submod_"):
+            continue
+        graph_id = int(name.removeprefix("submod_"))
+        module = getattr(split_gm, name)
+        items.append(SplitItem(name, graph_id, graph_id in splitting_ids, module))
+    items.sort(key=lambda item: item.graph_id)
+    return split_gm, items

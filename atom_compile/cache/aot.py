@@ -1,0 +1,183 @@
+"""Save and load a whole Dynamo-compiled function: the warm start that skips Dynamo too.
+
+Where the installed torch can save a Dynamo function (`aot_compile` and
+`torch.compiler.load_compiled_function`, torch >= 2.10), the decorator saves the compiled
+forward as `dynamo_function.bin` beside the pieces, and records an entry point
+
+    <root>/torch_compile_cache/entrypoints/<key>.json  ->  {"hash": ..., "files": {path: sha256}}
+
+keyed by what is known before tracing (config, environment, model class, prefix, rank). A warm
+start re-hashes the recorded source files; if the hash they give still names the cache, the
+function loads and its pieces load by index: neither Dynamo nor Inductor runs. Any mismatch
+or damage falls back to tracing, which then rewrites the entry point.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from .. import envs
+from ..config import CompilationConfig
+from ..counters import compilation_counter
+from .keys import build_factors, compute_hash, module_fingerprint, sha256_bytes, sha256_file
+from .store import PieceCache, atomic_write, caches_dir, cache_root, current_rank
+
+logger = logging.getLogger("atom_compile")
+
+FUNCTION_FILE = "dynamo_function.bin"
+ENTRYPOINTS = "entrypoints"
+
+
+def supported() -> bool:
+    """Whether this torch can save and load a Dynamo-compiled function."""
+    return hasattr(torch.compiler, "load_compiled_function") and _has_aot_compile()
+
+
+def _has_aot_compile() -> bool:
+    try:
+        from torch._dynamo import aot_compile  # noqa: F401
+        from torch._dynamo.aot_compile_types import SerializableCallable  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def entrypoint_key(cc: CompilationConfig, compiler_factors: dict, device_type: str,
+                   model: torch.nn.Module, args: tuple, prefix: str) -> str:
+    """Everything known before tracing that decides the traced graph: config, environment,
+    the model's structure (module_fingerprint) and the first call's input metadata."""
+    pre = build_factors(cc, compiler_factors, device_type, (), ())
+    blob = json.dumps({
+        "config": pre["config"], "environment": pre["environment"],
+        "model": f"{type(model).__module__}.{type(model).__qualname__}",
+        "structure": module_fingerprint(model), "inputs": _call_signature(args),
+        "prefix": prefix, "rank": current_rank(),
+    }, sort_keys=True, default=repr)
+    return sha256_bytes(blob.encode())[:32]
+
+
+def _call_signature(args: tuple) -> list[str]:
+    """The first call's inputs without their dynamic sizes (any batch size finds the entry)."""
+    out = []
+    for x in args:
+        if isinstance(x, torch.Tensor):
+            dynamic = getattr(x, "_dynamo_dynamic_indices", set())
+            dims = ["*" if d in dynamic else str(n) for d, n in enumerate(x.shape)]
+            out.append(f"T[{','.join(dims)}]{x.dtype}{x.device.type}")
+        else:
+            out.append(f"{type(x).__name__}")
+    return out
+
+
+def _entry_path(root: Path, key: str) -> Path:
+    return caches_dir(root) / ENTRYPOINTS / f"{key}.json"
+
+
+def try_load(cc: CompilationConfig, compiler_factors: dict, device_type: str, prefix: str,
+             model: torch.nn.Module, args: tuple, f_globals: dict) -> Optional[Callable]:
+    """The saved forward (a plain function taking `self` first), or None to trace instead."""
+    if envs.cache_disabled():
+        return None
+    start = time.perf_counter()
+    root = cache_root(cc.cache_dir)
+    path = _entry_path(root, entrypoint_key(cc, compiler_factors, device_type, model, args, prefix))
+    try:
+        entry = json.loads(path.read_text())
+        files = dict(entry["files"])
+        op_names = list(entry["custom_ops"])
+        recorded_hash = str(entry["hash"])
+        graph = entry["graph"]
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        logger.warning("atom-compile: ignoring the damaged entry point %s (%s)", path, exc)
+        return None
+    changed = [p for p, digest in files.items() if sha256_file(p) != digest]
+    if changed:
+        logger.info("atom-compile: traced sources changed since the last compile (%s); tracing again",
+                    ", ".join(changed[:3]))
+        return None
+    factors = build_factors(cc, compiler_factors, device_type, files, op_names, graph)
+    if compute_hash(factors) != recorded_hash:
+        logger.info("atom-compile: the cache key changed since the last compile; tracing again")
+        return None
+    cache = PieceCache.open(root, recorded_hash, current_rank(), prefix)
+    if cache is None:
+        return None
+    record = cache.read_index().get("dynamo_function")
+    if not record:
+        return None
+    problem = cache.verify(record["path"], record["sha256"])
+    if problem is not None:
+        compilation_counter.num_cache_errors += 1
+        logger.warning("atom-compile: saved Dynamo function %s is unusable: %s; tracing again",
+                       cache.artifact_path(record["path"]), problem)
+        return None
+    from ..backends.atom_backend import loading_from
+
+    try:
+        with open(cache.artifact_path(record["path"]), "rb") as f, loading_from(root):
+            loaded = torch.compiler.load_compiled_function(f, f_globals=f_globals, external_data={"model": model})
+    except Exception as exc:
+        compilation_counter.num_cache_errors += 1
+        logger.warning("atom-compile: cannot load the saved Dynamo function %s (%s: %s); tracing again",
+                       cache.artifact_path(record["path"]), type(exc).__name__, str(exc)[:200])
+        return None
+    cache.touch_last_used()
+    compilation_counter.num_dynamo_functions_loaded += 1
+    logger.info("atom-compile: warm start of %s from %s in %.2fs: saved Dynamo function and pieces "
+                "loaded, neither Dynamo nor Inductor ran", prefix, cache.path, time.perf_counter() - start)
+    return loaded.fn
+
+
+def save(compiled: Any, backend: Any, cc: CompilationConfig, compiler_factors: dict, device_type: str,
+         prefix: str, model: torch.nn.Module, args: tuple) -> bool:
+    """Save the AOT-compiled function beside its pieces and point the entry point at it."""
+    cache: Optional[PieceCache] = backend.cache
+    if cache is None or not cache.writable or backend.manager is None:
+        return False
+    target = cache.path / FUNCTION_FILE
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=str(cache.path))
+        os.close(fd)
+        try:
+            compiled.save_compiled_function(tmp, external_data={"model": model})
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except OSError as exc:
+        cache.write_failed(target, exc)
+        return False
+    except Exception as exc:  # torch could not serialise something in this function
+        logger.info("atom-compile: the Dynamo function cannot be saved (%s: %s); the next start traces again",
+                    type(exc).__name__, str(exc)[:200])
+        return False
+    digest = sha256_file(str(target))
+    backend.manager.flush(dynamo_function={"path": FUNCTION_FILE, "sha256": digest,
+                                           "bytes": target.stat().st_size})
+    entry = {
+        "hash": backend.cache_hash,
+        "prefix": prefix,
+        "files": backend.factors["code"]["files"],
+        "custom_ops": sorted(backend.factors["custom_ops"]),
+        "graph": backend.factors["graph"]["sha256"],
+    }
+    path = _entry_path(cache.root, entrypoint_key(cc, compiler_factors, device_type, model, args, prefix))
+    try:
+        path.parent.mkdir(mode=0o755, exist_ok=True)
+        atomic_write(path, (json.dumps(entry, indent=1, sort_keys=True) + "\n").encode())
+    except OSError as exc:
+        cache.write_failed(path, exc)
+        return False
+    compilation_counter.num_dynamo_functions_saved += 1
+    return True

@@ -1,0 +1,198 @@
+"""CompilerManager: compile-or-load of the pieces of one graph, with content dedup.
+
+Index entries are keyed by `(runtime_shape, graph_index, compiler)` and name an artifact file
+by its own sha256 (`artifacts/<digest>.bin`), so concurrent writers never disagree about a
+file's bytes. Pieces are also keyed by content: the N identical layers of a decoder are
+compiled once, and every later piece with the same content reuses that compiled code.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from typing import Any, Callable, Optional
+
+import torch.fx as fx
+
+from ..backends.base import CompilerInterface
+from ..counters import compilation_counter
+from .keys import content_key, sha256_file
+from .store import PieceCache, entry_key
+
+logger = logging.getLogger("atom_compile")
+
+
+class CompilerManager:
+    """Compile-or-load for one backend instance (one traced graph)."""
+
+    def __init__(self, compiler: CompilerInterface, cache: Optional[PieceCache], compiler_config: dict[str, Any]):
+        self.compiler = compiler
+        self.cache = cache
+        self.compiler_config = dict(compiler_config or {})
+        compiler.initialize_cache(str(cache.path) if cache is not None else None, disable_cache=cache is None)
+        index = cache.read_index() if cache is not None else {"entries": []}
+        self.entries: dict[tuple, dict] = {entry_key(e): e for e in index.get("entries", [])}
+        self.dynamo_function: Optional[dict] = index.get("dynamo_function")
+        self._by_content: dict[str, tuple[Callable, Optional[dict]]] = {}
+        self._loaded: dict[str, Callable] = {}
+        self._pending: list[dict] = []
+        self._remove: list[tuple] = []
+        self.compile_seconds = 0.0
+        self.load_seconds = 0.0
+
+    @property
+    def can_write(self) -> bool:
+        return self.cache is not None and self.cache.writable
+
+    # --- the one entry point ---------------------------------------------------------------
+
+    def compile(
+        self,
+        graph: fx.GraphModule,
+        example_inputs: list[Any],
+        graph_index: int,
+        runtime_shape: Optional[int] = None,
+        shape_locator: Optional[list[int]] = None,
+    ) -> Callable:
+        """The compiled piece: loaded from the cache, reused from an identical piece, or compiled."""
+        if runtime_shape is None:
+            compilation_counter.num_backend_compilations += 1
+        else:
+            compilation_counter.num_concrete_compilations += 1
+        key = (runtime_shape, graph_index, self.compiler.name)
+        entry = self.entries.get(key)
+        if entry is not None:
+            fn = self._load(entry, graph, example_inputs, graph_index, runtime_shape)
+            if fn is not None:
+                return fn
+
+        ck = content_key(graph, example_inputs, runtime_shape, self.compiler.name, self.compiler_config)
+        if ck in self._by_content:
+            fn, proto = self._by_content[ck]
+            compilation_counter.num_deduplicated_pieces += 1
+            if proto is not None:
+                self._record(proto, graph_index, runtime_shape, shape_locator)
+            return fn
+        same = next((e for e in self.entries.values()
+                     if e["content_key"] == ck and e["compiler"] == self.compiler.name), None)
+        if same is not None:
+            fn = self._load(same, graph, example_inputs, graph_index, runtime_shape)
+            if fn is not None:
+                self._record(same, graph_index, runtime_shape, shape_locator)
+                return fn
+
+        start = time.perf_counter()
+        staging = f"staging-{uuid.uuid4().hex}" if self.can_write else None
+        fn, handle = self.compiler.compile(graph, example_inputs, self.compiler_config, runtime_shape, key=staging)
+        self.compile_seconds += time.perf_counter() - start
+        if self.compiler.last_save_error is not None and self.cache is not None:
+            self.cache.write_failed(self.cache.path, self.compiler.last_save_error)
+            self.compiler.last_save_error = None
+        entry = self._publish(handle, ck) if handle is not None else None
+        if entry is not None:
+            self._record(entry, graph_index, runtime_shape, shape_locator)
+        self._by_content[ck] = (fn, entry)
+        logger.debug("atom-compile: compiled piece %d (shape %s) in %.2fs", graph_index,
+                     runtime_shape if runtime_shape is not None else "general", time.perf_counter() - start)
+        return fn
+
+    def _publish(self, handle: dict, ck: str) -> Optional[dict]:
+        """Rename a freshly written artifact to its digest's name and make its index entry."""
+        assert self.cache is not None
+        staging = self.cache.artifact_path(handle["path"])
+        digest = sha256_file(str(staging))
+        if digest is None:
+            return None
+        final_rel = os.path.join(os.path.dirname(handle["path"]), f"{digest[:32]}{os.path.splitext(handle['path'])[1]}")
+        final = self.cache.artifact_path(final_rel)
+        try:
+            if final.exists():
+                staging.unlink()  # identical bytes already published (another process, another piece)
+            else:
+                os.replace(staging, final)
+        except OSError as exc:
+            self.cache.write_failed(final, exc)
+            return None
+        compilation_counter.num_compiled_artifacts_saved += 1
+        return {
+            "content_key": ck,
+            "compiler": self.compiler.name,
+            "handle": dict(handle, path=final_rel),
+            "sha256": digest,
+            "bytes": final.stat().st_size,
+        }
+
+    def _record(self, proto: dict, graph_index: int, runtime_shape: Optional[int],
+                shape_locator: Optional[list[int]]) -> None:
+        entry = dict(proto, graph_index=graph_index, runtime_shape=runtime_shape)
+        if shape_locator is not None:
+            entry["shape_locator"] = list(shape_locator)
+        else:
+            entry.pop("shape_locator", None)
+        if self.entries.get(entry_key(entry)) == entry:
+            return
+        self.entries[entry_key(entry)] = entry
+        self._pending.append(entry)
+
+    def _load(self, entry: dict, graph: Optional[fx.GraphModule], example_inputs: Optional[list[Any]],
+              graph_index: int, runtime_shape: Optional[int]) -> Optional[Callable]:
+        rel = entry["handle"]["path"]
+        if rel in self._loaded:
+            return self._loaded[rel]
+        if self.cache is None:
+            return None
+        if example_inputs is None and not self.compiler.loads_without_inputs:
+            return None
+        problem = self.cache.verify(rel, entry["sha256"])
+        if problem is None:
+            start = time.perf_counter()
+            try:
+                fn = self.compiler.load(entry["handle"], graph, example_inputs, graph_index, runtime_shape)
+            except Exception as exc:  # a damaged or foreign artifact must never fail the model
+                problem = f"it does not load ({type(exc).__name__}: {str(exc)[:200]})"
+            else:
+                self.load_seconds += time.perf_counter() - start
+                compilation_counter.num_compiled_artifacts_loaded += 1
+                self._loaded[rel] = fn
+                self._by_content[entry["content_key"]] = (fn, entry)
+                return fn
+        compilation_counter.num_cache_errors += 1
+        logger.warning("atom-compile: cache artifact %s is unusable: %s; recompiling it.",
+                       self.cache.artifact_path(rel), problem)
+        self.cache.discard(rel)
+        for key in [k for k, e in self.entries.items() if e["handle"]["path"] == rel]:
+            del self.entries[key]
+            self._remove.append(key)
+        return None
+
+    # --- warm start without example inputs -------------------------------------------------
+
+    def load_general(self, num_pieces: int) -> Optional[list[tuple[Callable, Optional[list[int]]]]]:
+        """Every piece's general-shape callable and shape locator from the index, or None if
+        any is missing or unusable (the caller then traces with Dynamo)."""
+        out = []
+        for index in range(num_pieces):
+            entry = self.entries.get((None, index, self.compiler.name))
+            if entry is None:
+                return None
+            fn = self._load(entry, None, None, index, None)
+            if fn is None:
+                return None
+            compilation_counter.num_backend_compilations += 1
+            out.append((fn, entry.get("shape_locator")))
+        return out
+
+    def has_concrete(self, graph_index: int, runtime_shape: int) -> bool:
+        return (runtime_shape, graph_index, self.compiler.name) in self.entries
+
+    def flush(self, dynamo_function: Optional[dict] = None) -> None:
+        """Write what this manager added (or dropped) to the index, merged under the lock."""
+        if self.cache is None:
+            return
+        if self._pending or self._remove or dynamo_function is not None or self.cache._repair:
+            if self.cache.commit(self._pending, self._remove, dynamo_function):
+                if dynamo_function is not None:
+                    self.dynamo_function = dynamo_function
+            self._pending, self._remove = [], []

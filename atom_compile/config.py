@@ -1,0 +1,467 @@
+"""Compilation levels, CUDA-graph modes and the two configs.
+
+`CompilationConfig` holds what the compiler half needs; `Config` is the runtime-facing config
+that runs the level-3 set-up sequence of the seed (splitting ops, capture ladder, graph mode,
+compile sizes) in ``__post_init__``. Every bad value raises `ConfigError` (a ValueError) that
+names the field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Union
+
+logger = logging.getLogger("atom_compile")
+
+DEFAULT_SPLITTING_OPS = ("aiter.unified_attention_with_output", "aiter.mla_attention")
+COMPILERS = ("auto", "inductor_standalone", "inductor", "eager")
+CAPTURE_SIZES_TOKEN = "cudagraph_capture_sizes"
+
+# `ns.op`, `ns::op` or `ns::op.overload`
+_OP_NAME = re.compile(r"^[A-Za-z_]\w*(::[A-Za-z_]\w*(\.[A-Za-z_]\w*)?|\.[A-Za-z_]\w*)$")
+
+
+class ConfigError(ValueError):
+    """A config value that is not allowed; the message names field, value and what is allowed."""
+
+    def __init__(self, field_name: str, value: Any, allowed: str):
+        super().__init__(f"{field_name}: got {value!r}; allowed: {allowed}")
+        self.field_name = field_name
+        self.value = value
+
+
+class CompilationLevel(enum.IntEnum):
+    """How torch.compile is applied (DESIGN.md, 'Compilation levels')."""
+
+    NO_COMPILATION = 0
+    DYNAMO_AS_IS = 1
+    DYNAMO_ONCE = 2
+    PIECEWISE = 3
+
+    @classmethod
+    def parse(cls, value: Any, field_name: str = "level") -> "CompilationLevel":
+        """Accept an int 0-3, a member, or a name (ours or vLLM's CompilationMode names)."""
+        allowed = "0 NO_COMPILATION, 1 DYNAMO_AS_IS, 2 DYNAMO_ONCE, 3 PIECEWISE"
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, bool):
+            raise ConfigError(field_name, value, allowed)
+        if isinstance(value, int):
+            try:
+                return cls(value)
+            except ValueError:
+                raise ConfigError(field_name, value, allowed) from None
+        if isinstance(value, str):
+            key = value.strip().upper()
+            if key.isdigit():
+                return cls.parse(int(key), field_name)
+            aliases = {
+                "NONE": cls.NO_COMPILATION,
+                "STOCK_TORCH_COMPILE": cls.DYNAMO_AS_IS,
+                "DYNAMO_TRACE_ONCE": cls.DYNAMO_ONCE,
+                "VLLM_COMPILE": cls.PIECEWISE,
+            }
+            if key in cls.__members__:
+                return cls[key]
+            if key in aliases:
+                return aliases[key]
+        raise ConfigError(field_name, value, allowed)
+
+
+class CUDAGraphMode(enum.Enum):
+    """Which CUDA graphs a step replays; tuple members are (decode mode, mixed mode)."""
+
+    NONE = 0
+    TR_HYBRID = 1
+    FULL = 2
+    # Inside the class body the names above are still their plain values.
+    FULL_DECODE_ONLY = (FULL, NONE)
+    FULL_AND_TR_HYBRID = (FULL, TR_HYBRID)
+
+    @classmethod
+    def parse(cls, value: Any, field_name: str = "cudagraph_mode") -> "CUDAGraphMode":
+        """Accept a member, a value (0, 1, 2, [2, 0], [2, 1]) or a name, case-insensitively.
+
+        vLLM's names are aliases: PIECEWISE is TR_HYBRID, FULL_AND_PIECEWISE is FULL_AND_TR_HYBRID.
+        """
+        allowed = (
+            "NONE, TR_HYBRID (alias PIECEWISE), FULL, FULL_DECODE_ONLY, "
+            "FULL_AND_TR_HYBRID (alias FULL_AND_PIECEWISE), or a value 0, 1, 2, [2, 0], [2, 1]"
+        )
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            key = value.strip().upper()
+            key = {"PIECEWISE": "TR_HYBRID", "FULL_AND_PIECEWISE": "FULL_AND_TR_HYBRID"}.get(key, key)
+            if key in cls.__members__:
+                return cls[key]
+            if key.isdigit():
+                return cls.parse(int(key), field_name)
+            raise ConfigError(field_name, value, allowed)
+        if isinstance(value, (list, tuple)) and not isinstance(value, bool):
+            value = tuple(value)
+        if isinstance(value, bool):
+            raise ConfigError(field_name, value, allowed)
+        try:
+            return cls(value)
+        except (ValueError, TypeError):
+            raise ConfigError(field_name, value, allowed) from None
+
+    def separate_routine(self) -> bool:
+        """True for tuple modes: decode and mixed batches take different routines."""
+        return isinstance(self.value, tuple)
+
+    def decode_mode(self) -> "CUDAGraphMode":
+        return CUDAGraphMode(self.value[0]) if self.separate_routine() else self
+
+    def mixed_mode(self) -> "CUDAGraphMode":
+        return CUDAGraphMode(self.value[1]) if self.separate_routine() else self
+
+    def max_cudagraph_mode(self) -> "CUDAGraphMode":
+        return CUDAGraphMode(max(self.value)) if self.separate_routine() else self
+
+    def has_full_cudagraphs(self) -> bool:
+        return self.max_cudagraph_mode() == CUDAGraphMode.FULL
+
+    def uses_tr_hybrid(self) -> bool:
+        return CUDAGraphMode.TR_HYBRID in (self.decode_mode(), self.mixed_mode())
+
+
+def normalize_op_name(name: Any, field_name: str = "splitting_ops") -> str:
+    """`ns.op` / `ns::op` / `ns::op.overload` -> `ns::op` or `ns::op.overload`."""
+    if not isinstance(name, str) or not _OP_NAME.match(name.strip()):
+        raise ConfigError(
+            field_name, name, "op names written 'ns.op', 'ns::op' or 'ns::op.overload'"
+        )
+    name = name.strip()
+    if "::" in name:
+        return name
+    ns, op = name.split(".", 1)
+    return f"{ns}::{op}"
+
+
+def default_capture_ladder(max_size: int) -> list[int]:
+    """`[1..8] + range(16, N+1, 16)`, the ladder that `cuda_graph_sizes=[N]` stands for."""
+    return [i for i in range(1, 9) if i <= max_size] + list(range(16, max_size + 1, 16))
+
+
+def _check_size(field_name: str, value: Any, upper: int | None = None, upper_name: str = "") -> int:
+    allowed = "a positive int" + (f" <= {upper_name} ({upper})" if upper is not None else "")
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(field_name, value, allowed)
+    if upper is not None and value > upper:
+        raise ConfigError(field_name, value, allowed)
+    return value
+
+
+def _check_bool(field_name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(field_name, value, "True or False")
+    return value
+
+
+def _size_list(field_name: str, value: Any, allow_token: bool = False) -> list:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        extra = f" (and the string {CAPTURE_SIZES_TOKEN!r})" if allow_token else ""
+        raise ConfigError(field_name, value, f"a list of positive ints{extra}")
+    out: list = []
+    for item in value:
+        if allow_token and item == CAPTURE_SIZES_TOKEN:
+            out.append(item)
+            continue
+        if allow_token and isinstance(item, str):
+            raise ConfigError(
+                field_name, item, f"positive ints or the string {CAPTURE_SIZES_TOKEN!r}"
+            )
+        out.append(_check_size(field_name, item))
+    return out
+
+
+@dataclass
+class CompilationConfig:
+    """What the compiler half needs: level, splitting ops, sizes, compiler and cache choices.
+
+    Only `hash_factors()` (level, splitting ops, compile sizes, the compiler, Inductor's
+    options) changes compiled code; paths and CUDA-graph settings never enter the cache key.
+    """
+
+    level: int = 0
+    use_cudagraph: bool = True
+    cudagraph_capture_sizes: list[int] | None = None
+    cuda_graph_sizes: list[int] = field(default_factory=lambda: [512])
+    cudagraph_mode: CUDAGraphMode | None = None
+    splitting_ops: list[str] | None = None
+    cudagraph_copy_inputs: bool = False
+    use_inductor: bool = True
+    compile_sizes: list[Union[int, str]] | None = None
+    inductor_compile_config: dict = field(default_factory=dict)
+    debug_dump_path: str = ""
+    cache_dir: str = ""
+    compiler: str = "auto"
+    # Layers that run outside the compiled graph, by name (filled while the model is built;
+    # the forward context hands it to the attention op). Never part of the hash.
+    static_forward_context: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.level = CompilationLevel.parse(self.level, "CompilationConfig.level")
+        self.use_cudagraph = _check_bool("CompilationConfig.use_cudagraph", self.use_cudagraph)
+        self.cudagraph_copy_inputs = _check_bool(
+            "CompilationConfig.cudagraph_copy_inputs", self.cudagraph_copy_inputs
+        )
+        self.use_inductor = _check_bool("CompilationConfig.use_inductor", self.use_inductor)
+        if self.cudagraph_mode is not None:
+            self.cudagraph_mode = CUDAGraphMode.parse(
+                self.cudagraph_mode, "CompilationConfig.cudagraph_mode"
+            )
+        if self.cudagraph_capture_sizes is not None:
+            self.cudagraph_capture_sizes = _size_list(
+                "CompilationConfig.cudagraph_capture_sizes", self.cudagraph_capture_sizes
+            )
+        self.cuda_graph_sizes = _size_list("CompilationConfig.cuda_graph_sizes", self.cuda_graph_sizes)
+        if not self.cuda_graph_sizes:
+            raise ConfigError("CompilationConfig.cuda_graph_sizes", [], "a non-empty list of positive ints")
+        if self.splitting_ops is not None:
+            if isinstance(self.splitting_ops, str) or not isinstance(self.splitting_ops, Iterable):
+                raise ConfigError(
+                    "CompilationConfig.splitting_ops", self.splitting_ops, "a list of op names"
+                )
+            self.splitting_ops = [
+                normalize_op_name(op, "CompilationConfig.splitting_ops") for op in self.splitting_ops
+            ]
+        if self.compile_sizes is not None:
+            self.compile_sizes = _size_list(
+                "CompilationConfig.compile_sizes", self.compile_sizes, allow_token=True
+            )
+        if not isinstance(self.inductor_compile_config, dict):
+            raise ConfigError(
+                "CompilationConfig.inductor_compile_config", self.inductor_compile_config,
+                "a dict of Inductor config names to values",
+            )
+        for name in ("debug_dump_path", "cache_dir"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"CompilationConfig.{name}", getattr(self, name), "a path string")
+        if self.compiler not in COMPILERS:
+            raise ConfigError("CompilationConfig.compiler", self.compiler, " | ".join(COMPILERS))
+        if not self.use_inductor and self.compiler in ("inductor_standalone", "inductor"):
+            raise ConfigError(
+                "CompilationConfig.compiler", self.compiler,
+                "'auto' or 'eager' when use_inductor is False",
+            )
+
+    # --- the seed's set-up steps -------------------------------------------------------
+
+    def set_splitting_ops_for_v1(self) -> None:
+        """Level 3: split at the attention ops unless the user chose (an empty list means no split)."""
+        if self.splitting_ops is None:
+            self.splitting_ops = [normalize_op_name(op) for op in DEFAULT_SPLITTING_OPS]
+
+    def init_with_cudagraph_sizes(self, capture_sizes: list[int]) -> None:
+        """Finalise compile sizes: expand the string 'cudagraph_capture_sizes', sort, dedupe."""
+        if self.compile_sizes is None:
+            return
+        sizes: set[int] = set()
+        for item in self.compile_sizes:
+            if item == CAPTURE_SIZES_TOKEN:
+                sizes.update(capture_sizes)
+            else:
+                sizes.add(item)
+        self.compile_sizes = sorted(sizes)
+
+    def resolved_compiler(self) -> str:
+        """The compiler a level-2/3 graph goes through ('auto' resolves in backends.inductor)."""
+        if not self.use_inductor:
+            return "eager"
+        return self.compiler
+
+    def concrete_compile_sizes(self) -> list[int]:
+        """Compile sizes as ints (the capture-size token is expanded by init_with_cudagraph_sizes)."""
+        return sorted({s for s in (self.compile_sizes or []) if isinstance(s, int)})
+
+    def hash_factors(self) -> dict[str, Any]:
+        """The fields that change compiled code, in a JSON-able form (see cache/keys.py)."""
+        return {
+            "level": int(self.level),
+            "splitting_ops": sorted(self.splitting_ops) if self.splitting_ops is not None else None,
+            "compile_sizes": self.concrete_compile_sizes(),
+            "compiler": self.resolved_compiler(),
+            "inductor_compile_config": _jsonable(self.inductor_compile_config),
+        }
+
+    def compute_hash(self) -> str:
+        """A short digest of `hash_factors()`; equal configs give equal hashes across processes."""
+        blob = json.dumps(self.hash_factors(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    # --- input --------------------------------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, data: Union[Mapping[str, Any], str, int]) -> "CompilationConfig":
+        """Build from a dict, a JSON string or a bare level; accepts vLLM's `mode` for `level`
+        and vLLM's `backend` ('inductor' / 'eager')."""
+        if isinstance(data, int) and not isinstance(data, bool):
+            return cls(level=data)
+        if isinstance(data, str):
+            text = data.strip()
+            if text.isdigit():
+                return cls(level=int(text))
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ConfigError("compilation_config", data, f"a JSON object ({exc.msg})") from None
+        if not isinstance(data, Mapping):
+            raise ConfigError("compilation_config", data, "a dict, a JSON object string or a level")
+        data = dict(data)
+        if "mode" in data:
+            mode = data.pop("mode")
+            if "level" in data and CompilationLevel.parse(data["level"]) != CompilationLevel.parse(mode, "mode"):
+                raise ConfigError("mode", mode, f"the same level as 'level' ({data['level']!r})")
+            data["level"] = mode
+        if "backend" in data:
+            backend = data.pop("backend")
+            mapping = {"inductor": "auto", "eager": "eager", "": "auto"}
+            if backend not in mapping:
+                raise ConfigError("backend", backend, "'inductor' or 'eager'")
+            data.setdefault("compiler", mapping[backend])
+        names = {f.name for f in dataclasses.fields(cls) if f.name != "static_forward_context"}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ConfigError("compilation_config", unknown[0], "one of " + ", ".join(sorted(names)))
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict that from_dict() reads back."""
+        out = {}
+        for f in dataclasses.fields(self):
+            if f.name == "static_forward_context":
+                continue
+            value = getattr(self, f.name)
+            if isinstance(value, CUDAGraphMode):
+                value = value.name
+            elif isinstance(value, enum.IntEnum):
+                value = int(value)
+            out[f.name] = value
+        return out
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return repr(value)
+
+
+@dataclass
+class Config:
+    """The runtime-facing config: batch limits, eager switch and the compilation config.
+
+    `capture_sizes` is computed: the CUDA-graph batch sizes, ascending. `enforce_eager` turns
+    off atom-compile's CUDA graphs (as in plugin mode, where the host owns graphs); the
+    compilation level still applies, so set level 0 to skip compilation as well.
+    """
+
+    enforce_eager: bool = False
+    max_num_seqs: int = 512
+    max_num_batched_tokens: int = 16384
+    num_draft_tokens: int = 0
+    compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
+    capture_sizes: list[int] | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.enforce_eager = _check_bool("Config.enforce_eager", self.enforce_eager)
+        _check_size("Config.max_num_seqs", self.max_num_seqs)
+        _check_size("Config.max_num_batched_tokens", self.max_num_batched_tokens)
+        if isinstance(self.num_draft_tokens, bool) or not isinstance(self.num_draft_tokens, int) \
+                or self.num_draft_tokens < 0:
+            raise ConfigError("Config.num_draft_tokens", self.num_draft_tokens, "an int >= 0")
+        if not isinstance(self.compilation_config, CompilationConfig):
+            self.compilation_config = CompilationConfig.from_dict(self.compilation_config)
+        cc = self.compilation_config
+        if cc.level == CompilationLevel.PIECEWISE:
+            cc.set_splitting_ops_for_v1()
+        self._set_cudagraph_sizes()
+        if cc.cudagraph_mode is None:
+            cc.cudagraph_mode = (
+                CUDAGraphMode.TR_HYBRID if cc.level == CompilationLevel.PIECEWISE else CUDAGraphMode.NONE
+            )
+        cc.init_with_cudagraph_sizes(self.capture_sizes)
+        for size in cc.concrete_compile_sizes():
+            _check_size(
+                "CompilationConfig.compile_sizes", size,
+                self.max_num_batched_tokens, "max_num_batched_tokens",
+            )
+
+    def _set_cudagraph_sizes(self) -> None:
+        cc = self.compilation_config
+        rows = self.num_draft_tokens + 1
+        if not cc.use_cudagraph:
+            self.capture_sizes = []
+            return
+        if cc.cudagraph_capture_sizes is not None:
+            sizes = list(cc.cudagraph_capture_sizes)
+            source = "CompilationConfig.cudagraph_capture_sizes"
+        elif len(cc.cuda_graph_sizes) == 1:
+            # The generated ladder stops at max_num_seqs rather than failing on the default [512].
+            sizes = default_capture_ladder(min(cc.cuda_graph_sizes[0], self.max_num_seqs))
+            source = None
+        else:
+            sizes = list(cc.cuda_graph_sizes)
+            source = "CompilationConfig.cuda_graph_sizes"
+        if source is not None:
+            for size in sizes:
+                _check_size(source, size, self.max_num_seqs, "max_num_seqs")
+        for size in sizes:
+            if size * rows > self.max_num_batched_tokens:
+                raise ConfigError(
+                    source or "CompilationConfig.cuda_graph_sizes", size,
+                    f"sizes whose rows (size * (num_draft_tokens + 1) = {size * rows}) fit "
+                    f"max_num_batched_tokens ({self.max_num_batched_tokens})",
+                )
+        self.capture_sizes = sorted(set(sizes))
+
+    @property
+    def max_q_len(self) -> int:
+        """Query rows per request in a decode step: the drafts plus the token it decodes."""
+        return self.num_draft_tokens + 1
+
+    @classmethod
+    def from_dict(cls, data: Union[Mapping[str, Any], str]) -> "Config":
+        """Build from a dict or JSON string; `compilation_config` may itself be a dict."""
+        if isinstance(data, str):
+            try:
+                data = json.loads(data)
+            except json.JSONDecodeError as exc:
+                raise ConfigError("config", data, f"a JSON object ({exc.msg})") from None
+        if not isinstance(data, Mapping):
+            raise ConfigError("config", data, "a dict or a JSON object string")
+        data = dict(data)
+        names = {f.name for f in dataclasses.fields(cls) if f.init}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ConfigError("config", unknown[0], "one of " + ", ".join(sorted(names)))
+        if "compilation_config" in data and not isinstance(data["compilation_config"], CompilationConfig):
+            data["compilation_config"] = CompilationConfig.from_dict(data["compilation_config"])
+        return cls(**data)
+
+
+def as_compilation_config(cfg: Union[Config, CompilationConfig, Mapping, str, int, None]) -> CompilationConfig:
+    """The CompilationConfig inside whatever the user passed (a Config, a dict, JSON, a level)."""
+    if cfg is None:
+        return Config().compilation_config
+    if isinstance(cfg, Config):
+        return cfg.compilation_config
+    if isinstance(cfg, CompilationConfig):
+        return cfg
+    if isinstance(cfg, (Mapping, str, int)) and not isinstance(cfg, bool):
+        return Config(compilation_config=CompilationConfig.from_dict(cfg)).compilation_config
+    raise TypeError(
+        f"config: got {type(cfg).__name__}; allowed: Config, CompilationConfig, a dict, a JSON string or a level"
+    )

@@ -1,0 +1,66 @@
+"""What happened, counted: graphs seen, pieces compiled and loaded, CUDA graphs captured.
+
+Tests and benchmarks assert behaviour through `compilation_counter.expect(**deltas)`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+from dataclasses import dataclass
+from typing import Iterator
+
+
+@dataclass
+class CompilationCounter:
+    num_models_seen: int = 0
+    num_graphs_seen: int = 0
+    # pieces after the split, splitting ops included
+    num_piecewise_graphs_seen: int = 0
+    # pieces that are compiled (and that a CUDA graph may capture): the non-splitting ones
+    num_piecewise_capturable_graphs_seen: int = 0
+    # compile-or-load requests for the general shape, one per compiled piece
+    num_backend_compilations: int = 0
+    # compile-or-load requests for a concrete size from compile_sizes
+    num_concrete_compilations: int = 0
+    # real compiler invocations (after the cache and the content dedup)
+    num_inductor_compiles: int = 0
+    num_eager_compiles: int = 0
+    # pieces whose compiled code was reused from an identical piece in this process
+    num_deduplicated_pieces: int = 0
+    num_compiled_artifacts_saved: int = 0
+    num_compiled_artifacts_loaded: int = 0
+    # pieces Inductor compiled but could not serialise (kept in memory only)
+    num_unsaveable_artifacts: int = 0
+    num_cache_errors: int = 0
+    # whole Dynamo functions saved / loaded (the warm start that skips Dynamo)
+    num_dynamo_functions_saved: int = 0
+    num_dynamo_functions_loaded: int = 0
+    num_cudagraph_captured: int = 0
+    num_cudagraph_replayed: int = 0
+
+    def clone(self) -> "CompilationCounter":
+        return copy.deepcopy(self)
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+    @contextlib.contextmanager
+    def expect(self, **deltas: int) -> Iterator[None]:
+        """Assert that the block changes each named counter by exactly the given amount."""
+        unknown = sorted(set(deltas) - set(self.as_dict()))
+        if unknown:
+            raise TypeError(f"expect(): unknown counters {unknown}; known: {sorted(self.as_dict())}")
+        before = self.clone()
+        yield
+        wrong = []
+        for name, delta in deltas.items():
+            got = getattr(self, name) - getattr(before, name)
+            if got != delta:
+                wrong.append(f"{name}: expected +{delta}, got +{got}")
+        if wrong:
+            raise AssertionError("compilation_counter: " + "; ".join(wrong))
+
+
+compilation_counter = CompilationCounter()

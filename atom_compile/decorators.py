@@ -1,0 +1,349 @@
+"""`@support_torch_compile`: compile a model class once, then dispatch with no guard checks.
+
+    @support_torch_compile
+    class MyModel(nn.Module):
+        def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor: ...
+
+    with set_current_config(cfg):          # or MyModel(..., compilation_config=cfg)
+        model = MyModel(...)
+
+Levels 0 and 1 call `forward` directly. At levels 2 and 3 the first call marks the dynamic
+dimensions, compiles through `backend(cfg)` and keeps the code Dynamo produced; every later
+call runs that code directly, so no guard is evaluated. Where torch can save the Dynamo
+function, the next process loads it and skips Dynamo as well (cache/aot.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import inspect
+import logging
+import types
+import typing
+from typing import Any, Callable, Iterator, Optional, Union
+
+import torch
+
+from . import envs
+from .backends.atom_backend import AtomBackend
+from .cache import aot
+from .config import CompilationConfig, CompilationLevel, Config, as_compilation_config
+from .counters import compilation_counter
+
+logger = logging.getLogger("atom_compile")
+
+ConfigLike = Union[Config, CompilationConfig, dict, str, int, None]
+
+_current_config: contextvars.ContextVar[Optional[Any]] = contextvars.ContextVar(
+    "atom_compile_current_config", default=None
+)
+_logged_no_config: set[str] = set()
+
+
+class BufferMutationError(RuntimeError):
+    """A compiled forward rebinds a registered buffer (silently skipped under CUDA graphs)."""
+
+
+class RecompileError(RuntimeError):
+    """A call that the compiled code was not traced for (it would need a new graph)."""
+
+
+@contextlib.contextmanager
+def set_current_config(cfg: ConfigLike) -> Iterator[None]:
+    """Models built inside this block (with @support_torch_compile) compile under `cfg`."""
+    token = _current_config.set(cfg)
+    try:
+        yield
+    finally:
+        _current_config.reset(token)
+
+
+def get_current_config() -> Optional[Any]:
+    """The config set by the innermost set_current_config (None outside one)."""
+    return _current_config.get()
+
+
+def _is_tensor_annotation(annotation: Any) -> bool:
+    if annotation is torch.Tensor:
+        return True
+    if isinstance(annotation, str):
+        text = annotation.replace(" ", "")
+        return text in ("torch.Tensor", "Tensor", "Optional[torch.Tensor]", "Optional[Tensor]",
+                        "torch.Tensor|None", "Tensor|None", "None|torch.Tensor")
+    origin = typing.get_origin(annotation)
+    if origin is Union or (hasattr(types, "UnionType") and isinstance(annotation, types.UnionType)):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return len(args) == 1 and args[0] is torch.Tensor
+    return False
+
+
+def _dynamic_dims(cls: type, dynamic_arg_dims: Optional[dict]) -> dict[str, list[int]]:
+    sig = inspect.signature(cls.forward)
+    params = [p for name, p in sig.parameters.items() if name != "self"]
+    if dynamic_arg_dims is None:
+        dims = {p.name: [0] for p in params if _is_tensor_annotation(p.annotation)}
+        if not dims:
+            raise TypeError(
+                f"@support_torch_compile on {cls.__qualname__}: forward has no torch.Tensor (or "
+                "Optional[torch.Tensor]) argument whose dim 0 could be dynamic; annotate the tensor "
+                "arguments or pass dynamic_arg_dims={'arg': dim}"
+            )
+        return dims
+    if not isinstance(dynamic_arg_dims, dict) or not dynamic_arg_dims:
+        raise TypeError(f"dynamic_arg_dims: got {dynamic_arg_dims!r}; allowed: a non-empty dict arg -> dim | [dims]")
+    names = {p.name for p in params}
+    out = {}
+    for name, dims in dynamic_arg_dims.items():
+        if name not in names:
+            raise ValueError(f"dynamic_arg_dims: {cls.__qualname__}.forward has no argument {name!r}; "
+                             f"it has {sorted(names)}")
+        dims = [dims] if isinstance(dims, int) else list(dims)
+        if not dims or not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
+            raise ValueError(f"dynamic_arg_dims[{name!r}]: got {dims!r}; allowed: an int or a list of ints")
+        out[name] = dims
+    return out
+
+
+def support_torch_compile(
+    cls: Optional[type] = None,
+    *,
+    dynamic_arg_dims: Optional[dict[str, Union[int, list[int]]]] = None,
+    enable_if: Optional[Callable[[Any], bool]] = None,
+) -> Any:
+    """Class decorator: compile the model once at levels 2-3 and dispatch without guards.
+
+    `dynamic_arg_dims` names the dims that vary (default: dim 0 of every Tensor argument);
+    `enable_if(config)` returning False leaves the class uncompiled.
+    """
+
+    def wrap(cls: type) -> type:
+        if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+            raise TypeError(f"@support_torch_compile: got {cls!r}; allowed: an nn.Module subclass")
+        dims = _dynamic_dims(cls, dynamic_arg_dims)
+        if CompiledDispatcher not in cls.__mro__:
+            cls.__bases__ = cls.__bases__ + (CompiledDispatcher,)
+        original_init = cls.__init__
+        takes_config = "compilation_config" in inspect.signature(original_init).parameters
+
+        @functools.wraps(original_init)
+        def __init__(self: Any, *args: Any, compilation_config: ConfigLike = None, **kwargs: Any) -> None:
+            cfg = compilation_config if compilation_config is not None else get_current_config()
+            if takes_config:
+                kwargs["compilation_config"] = compilation_config
+            with set_current_config(cfg):
+                original_init(self, *args, **kwargs)
+            self._atom_setup(cls, cfg, dims, enable_if)
+
+        cls.__init__ = __init__
+        cls.__call__ = CompiledDispatcher._atom_call
+        cls._atom_decorated = cls
+        return cls
+
+    return wrap(cls) if cls is not None else wrap
+
+
+def ignore_torch_compile(cls: type) -> type:
+    """A subclass of a decorated class opts out: it runs eagerly."""
+    cls._atom_ignore = cls
+    return cls
+
+
+class CompiledDispatcher:
+    """The base class @support_torch_compile adds: first call compiles, later calls dispatch."""
+
+    def _atom_setup(self, cls: type, cfg: ConfigLike, dims: dict[str, list[int]],
+                    enable_if: Optional[Callable[[Any], bool]]) -> None:
+        ignored = getattr(type(self), "_atom_ignore", None) is type(self)
+        if not ignored:
+            compilation_counter.num_models_seen += 1
+        self._atom_cls = cls
+        if cfg is None and cls.__qualname__ not in _logged_no_config:
+            _logged_no_config.add(cls.__qualname__)
+            logger.info("atom-compile: %s was built without a config: level 0 (no compilation)", cls.__qualname__)
+        self.atom_config = cfg
+        self._atom_cc = as_compilation_config(cfg) if cfg is not None else CompilationConfig(level=0)
+        self._atom_dims = dims
+        self._atom_dispatch: Optional[Callable] = None
+        self._atom_checks: tuple = ()
+        enabled = enable_if(cfg) if enable_if is not None else True
+        self.do_not_compile = (
+            ignored or not enabled or self._atom_cc.level < CompilationLevel.DYNAMO_ONCE
+        )
+
+    # The class's __call__: keep it short, it runs every step.
+    def _atom_call(self, *args: Any, **kwargs: Any) -> Any:
+        dispatch = self._atom_dispatch
+        if dispatch is not None:
+            if self._atom_checks:
+                _check_inputs(self, args)
+            return dispatch(self, *args, **kwargs)
+        if self.do_not_compile or torch.compiler.is_compiling():
+            return self.forward(*args, **kwargs)
+        if envs.compile_disabled() or getattr(type(self).forward, "_torchdynamo_disable", False):
+            logger.info("atom-compile: compilation disabled (ATOM_COMPILE_DISABLE / TORCHDYNAMO_DISABLE / "
+                        "torch.compiler.disable): %s runs eagerly", type(self).__qualname__)
+            self.do_not_compile = True
+            return self.forward(*args, **kwargs)
+        return self._atom_first_call(args, kwargs)
+
+    def _atom_first_call(self, args: tuple, kwargs: dict) -> Any:
+        cls = type(self)
+        bound = inspect.signature(cls.forward).bind(self, *args, **kwargs)
+        _mark_dynamic(cls, bound.arguments, self._atom_dims)
+        cc = self._atom_cc
+        prefix = cls.__name__
+        device_type = _device_type(bound.arguments)
+        compiler_factors = _compiler_factors(cc)
+        f_globals = cls.forward.__globals__
+
+        if aot.supported() and compiler_factors is not None:
+            fn = aot.try_load(cc, compiler_factors, device_type, prefix, self, args, f_globals)
+            if fn is not None:
+                _check_code(fn.__code__, cls)
+                return self._atom_start_dispatch(fn, args, kwargs)
+            backend = AtomBackend(self.atom_config if self.atom_config is not None else cc, prefix,
+                                  extra_traced_files=[inspect.getfile(cls)], serializable=True)
+            try:
+                compiled = torch.compile(
+                    cls.forward, fullgraph=True, backend=backend,
+                    options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe},
+                ).aot_compile(((self, *args), kwargs))
+            except Exception as exc:
+                if not backend.compiled or isinstance(exc, (BufferMutationError, RecompileError)):
+                    raise
+                logger.info("atom-compile: torch could not pre-compile %s (%s: %s); using torch.compile",
+                            cls.__qualname__, type(exc).__name__, str(exc)[:200])
+            else:
+                fn = compiled.fn
+                _check_code(fn.__code__, cls)
+                if compiler_factors is not None:
+                    aot.save(compiled, backend, cc, compiler_factors, device_type, prefix, self, args)
+                self._atom_backend = backend
+                return self._atom_start_dispatch(fn, args, kwargs)
+        return self._atom_compile_with_hook(args, kwargs, prefix)
+
+    def _atom_compile_with_hook(self, args: tuple, kwargs: dict, prefix: str) -> Any:
+        """torch.compile, keeping the bytecode Dynamo produced for forward (older torch)."""
+        cls = type(self)
+        backend = AtomBackend(self.atom_config if self.atom_config is not None else self._atom_cc, prefix,
+                              extra_traced_files=[inspect.getfile(cls)])
+        original = cls.forward.__code__
+        captured: list[types.CodeType] = []
+
+        def hook(old_code: types.CodeType, new_code: types.CodeType) -> None:
+            if old_code is original:
+                captured.append(new_code)
+
+        handle = torch._dynamo.convert_frame.register_bytecode_hook(hook)
+        try:
+            out = torch.compile(self.forward, fullgraph=True, backend=backend)(*args, **kwargs)
+        finally:
+            handle.remove()
+        self._atom_backend = backend
+        if not captured:
+            raise RecompileError(f"{cls.__qualname__}: Dynamo produced no code for forward")
+        code = captured[-1]
+        _check_code(code, cls)
+        fwd = cls.forward
+        # Dynamo's code keeps forward's arguments, cells and free variables (depyf's invariant),
+        # so a new function over forward's globals and closure runs it directly. Building our own
+        # function (instead of swapping forward.__code__) keeps other instances and threads safe.
+        fn = types.FunctionType(code, fwd.__globals__, fwd.__name__, fwd.__defaults__, fwd.__closure__)
+        fn.__kwdefaults__ = fwd.__kwdefaults__
+        self._atom_dispatch = fn
+        self._atom_checks = _input_checks(args) if envs.check_inputs() else ()
+        return out
+
+    def _atom_start_dispatch(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
+        self._atom_dispatch = fn
+        self._atom_checks = _input_checks(args) if envs.check_inputs() else ()
+        return fn(self, *args, **kwargs)
+
+
+def _compiler_factors(cc: CompilationConfig) -> Optional[dict]:
+    from .backends.inductor import make_compiler
+
+    compiler = make_compiler(cc)
+    return compiler.compute_hash() if compiler.loads_without_inputs else None
+
+
+def _device_type(arguments: dict) -> str:
+    for value in arguments.values():
+        if isinstance(value, torch.Tensor):
+            return value.device.type
+    return "cpu"
+
+
+def _mark_dynamic(cls: type, arguments: dict, dims: dict[str, list[int]]) -> None:
+    for name, arg_dims in dims.items():
+        value = arguments.get(name)
+        if not isinstance(value, torch.Tensor):
+            continue
+        for d in arg_dims:
+            dim = d if d >= 0 else value.dim() + d
+            if not 0 <= dim < value.dim():
+                raise ValueError(f"{cls.__qualname__}.forward: argument {name!r} has {value.dim()} dims; "
+                                 f"cannot mark dim {d} dynamic")
+            if value.shape[dim] < 2:
+                raise ValueError(
+                    f"{cls.__qualname__}: the first call traces the general shape, but argument {name!r} "
+                    f"has size {value.shape[dim]} on its dynamic dim {d}; Dynamo specialises sizes 0 and 1. "
+                    "Make the first call with at least 2 tokens (e.g. the largest capture size)."
+                )
+            torch._dynamo.mark_dynamic(value, dim)
+
+
+def _check_code(code: types.CodeType, cls: type) -> None:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names.update(const.co_names)
+    if "_buffers" in names and "update" in names:
+        raise BufferMutationError(
+            f"{cls.__module__}.{cls.__qualname__}.forward rebinds a registered buffer (like "
+            "`self.x = self.x + 1`). Dynamo replays that assignment outside the compiled graph, so a "
+            "CUDA graph replay would skip it and give silently wrong results. Update the buffer in "
+            "place instead (`self.x.add_(1)`, `self.x.copy_(...)`)."
+        )
+
+
+def _input_checks(args: tuple) -> tuple:
+    """(position, ndim, dtype, ((dim, size), ...)) of each tensor argument: what the guard-free
+    dispatch assumes stays fixed. Dims marked dynamic are excluded."""
+    checks = []
+    for i, value in enumerate(args):
+        if isinstance(value, torch.Tensor):
+            dynamic = getattr(value, "_dynamo_dynamic_indices", set())
+            static = tuple((d, s) for d, s in enumerate(value.shape) if d not in dynamic)
+            checks.append((i, value.dim(), value.dtype, static))
+    return tuple(checks)
+
+
+def _check_inputs(module: Any, args: tuple) -> None:
+    for i, ndim, dtype, static in module._atom_checks:
+        if i >= len(args):
+            raise RecompileError(f"{type(module).__qualname__}: called with {len(args)} positional arguments; "
+                                 f"the compiled code was traced with more")
+        value = args[i]
+        if not isinstance(value, torch.Tensor) or value.dim() != ndim or value.dtype != dtype:
+            raise RecompileError(
+                f"{type(module).__qualname__}: argument {i} is {_describe(value)}; the compiled code was "
+                f"traced for a {ndim}-dim {dtype} tensor. A new graph would be needed: build another "
+                "instance, or mark the dims that vary with dynamic_arg_dims."
+            )
+        shape = value.shape
+        for d, size in static:
+            if shape[d] != size:
+                raise RecompileError(
+                    f"{type(module).__qualname__}: argument {i} has size {shape[d]} on dim {d}, which was "
+                    f"traced as the constant {size}. A new graph would be needed: mark the dim dynamic "
+                    "with dynamic_arg_dims."
+                )
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dim()}-dim {value.dtype} tensor"
+    return type(value).__name__

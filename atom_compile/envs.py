@@ -1,0 +1,45 @@
+"""Every environment variable atom-compile reads, read here and nowhere else."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_TRUE = ("1", "true", "yes", "on")
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in _TRUE
+
+
+def cache_root_override() -> str | None:
+    """ATOM_COMPILE_CACHE_ROOT: the cache root (default: $XDG_CACHE_HOME/atom or ~/.cache/atom)."""
+    return os.environ.get("ATOM_COMPILE_CACHE_ROOT") or None
+
+
+def xdg_cache_home() -> Path:
+    value = os.environ.get("XDG_CACHE_HOME")
+    return Path(value) if value else Path.home() / ".cache"
+
+
+def cache_disabled() -> bool:
+    """ATOM_COMPILE_DISABLE_CACHE=1: compile without reading or writing any cache."""
+    return _flag("ATOM_COMPILE_DISABLE_CACHE")
+
+
+def compile_disabled() -> bool:
+    """ATOM_COMPILE_DISABLE=1 (or Dynamo's own TORCHDYNAMO_DISABLE=1): run forwards eagerly."""
+    if _flag("ATOM_COMPILE_DISABLE"):
+        return True
+    try:
+        import torch._dynamo.config as dynamo_config
+
+        return bool(dynamo_config.disable)
+    except Exception:  # pragma: no cover
+        return False
+
+
+def check_inputs() -> bool:
+    """ATOM_COMPILE_CHECK_INPUTS=0 drops the per-call check that a guard-free dispatch still
+    matches the traced static sizes (saves about a microsecond a call)."""
+    return os.environ.get("ATOM_COMPILE_CHECK_INPUTS", "1").strip().lower() not in ("0", "false", "no", "off")

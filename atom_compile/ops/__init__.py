@@ -1,0 +1,1 @@
+"""Reference kernels for the default splitting ops, used when aiter is absent."""

@@ -1,0 +1,206 @@
+"""ModelRunner: record the capture ladder, then run each step eagerly or from a recording.
+
+    runner = ModelRunner(model, config, metadata_builder)
+    runner.capture_cudagraph()
+    logits, hidden = runner.step(steps)       # or: set the forward context, then run_model()
+
+FULL replays one request graph per `(running_bs, draft_num)`; TR_HYBRID (and
+FULL_AND_TR_HYBRID, recorded the same way) replays the token graph of the step's row count,
+prefill included when a bucket holds its rows; FULL_DECODE_ONLY graphs decode only. Prefills
+under FULL, `enforce_eager`, and batches beyond the largest bucket run eagerly. Without a
+CUDA device every mode runs as NONE.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+import torch
+
+from ..config import Config, CUDAGraphMode
+from ..forward_context import get_forward_context, set_forward_context
+from .buckets import pad_to_bucket, request_bucket
+from .graphs import ReqGraph, TokenGraph, graph_pool, token_graph_of
+
+if TYPE_CHECKING:
+    from ..ops.attention import SequenceStep
+
+logger = logging.getLogger("atom_compile")
+_said_no_cuda = False
+
+
+def _rank0() -> bool:
+    try:
+        import torch.distributed as dist
+
+        return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+    except Exception:  # pragma: no cover
+        return True
+
+
+class ModelRunner:
+    """Capture and replay for one model. `model(input_ids, positions) -> hidden_states` and
+    `model.compute_logits(hidden)`; `metadata_builder` makes attention metadata for capture
+    batches (`build_for_capture`) and real steps (`build`) in buffers at fixed addresses."""
+
+    def __init__(self, model: Any, config: Config, metadata_builder: Any):
+        global _said_no_cuda
+        self.model = model
+        self.config = config
+        self.builder = metadata_builder
+        cc = config.compilation_config
+        mode = cc.cudagraph_mode if cc.cudagraph_mode is not None else CUDAGraphMode.NONE
+        if config.enforce_eager:
+            mode = CUDAGraphMode.NONE
+        if mode != CUDAGraphMode.NONE and not torch.cuda.is_available():
+            if not _said_no_cuda:
+                _said_no_cuda = True
+                logger.info("atom-compile: no CUDA or ROCm device: cudagraph_mode %s runs as NONE", mode.name)
+            mode = CUDAGraphMode.NONE
+        self.mode = mode
+        self.capture_sizes = list(config.capture_sizes or [])
+        self.max_q_len = config.max_q_len
+        self.req_graph = ReqGraph()
+        self.graphed_sizes: list[int] = []
+        self.no_compile_layers = getattr(model, "no_compile_layers", None) or cc.static_forward_context
+
+    # --- what a step replays ---------------------------------------------------------------
+
+    @property
+    def records_token_graphs(self) -> bool:
+        # FULL_AND_TR_HYBRID is recorded as TR_HYBRID (the seed's native runner).
+        return self.mode.uses_tr_hybrid()
+
+    @property
+    def graphs_decode(self) -> bool:
+        return self.mode != CUDAGraphMode.NONE
+
+    @property
+    def graphs_prefill(self) -> bool:
+        return self.records_token_graphs
+
+    def _token_graph(self) -> Optional[TokenGraph]:
+        return token_graph_of(self.model)
+
+    # --- capture --------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def capture_cudagraph(self) -> tuple[float, list[int]]:
+        """Record every capture size, largest first. Returns (seconds, sizes ascending)."""
+        if self.mode == CUDAGraphMode.NONE or not self.capture_sizes:
+            return 0.0, []
+        if max(self.capture_sizes) > self.config.max_num_seqs:
+            raise ValueError(f"capture size {max(self.capture_sizes)} exceeds max_num_seqs "
+                             f"({self.config.max_num_seqs})")
+        if self.records_token_graphs and token_graph_of(self.model) is None \
+                and not getattr(type(self.model), "_atom_token_graph", False):
+            raise TypeError(f"{type(self.model).__qualname__} has no @token_graph unit: TR_HYBRID needs "
+                            "the model (or a submodule) marked @token_graph")
+        start = time.perf_counter()
+        before = torch.cuda.memory_allocated()
+        sizes = sorted(self.capture_sizes, reverse=True)
+        show = _rank0() and sys.stderr.isatty()
+        from tqdm import tqdm
+
+        for bs in tqdm(sizes, desc="atom-compile: capturing", disable=not show, leave=False):
+            self._capture_one(bs)
+        torch.cuda.synchronize()
+        self.graphed_sizes = sorted(sizes)
+        elapsed = time.perf_counter() - start
+        logger.info("atom-compile: captured %d sizes (%s) in %.2fs; graph pool holds %.1f MiB",
+                    len(sizes), self.mode.name, elapsed, (torch.cuda.memory_allocated() - before) / 2**20)
+        return elapsed, list(self.graphed_sizes)
+
+    def _capture_one(self, bs: int) -> None:
+        q = self.max_q_len
+        input_ids, positions, meta, ctx = self.builder.build_for_capture(bs, q)
+        layers = self.no_compile_layers
+        with set_forward_context(meta, self.config, ctx, no_compile_layers=layers):
+            self.model(input_ids, positions)  # warm-up: compiles on the first size, loads kernels
+        torch.cuda.synchronize()
+        if self.records_token_graphs:
+            with set_forward_context(meta, self.config, ctx, no_compile_layers=layers, tr_graph="record"):
+                self.model(input_ids, positions)
+            ctx.is_prefill = True  # the prefill pass: reuses the recording unless per_phase
+            with set_forward_context(meta, self.config, ctx, no_compile_layers=layers, tr_graph="record"):
+                self.model(input_ids, positions)
+            ctx.is_prefill = False
+        else:
+            with set_forward_context(meta, self.config, ctx, no_compile_layers=layers):
+                self.req_graph.record(lambda: self.model(input_ids, positions), request_bucket(bs, q))
+        torch.cuda.synchronize()
+
+    # --- steps -----------------------------------------------------------------------------
+
+    def padding_for(self, steps: Sequence["SequenceStep"]) -> tuple[Optional[int], Optional[int]]:
+        """(padded sequence count, padded row count) for a step: the bucket a recording holds."""
+        if not self.graphed_sizes:
+            return None, None
+        rows = sum(len(s.token_ids) for s in steps)
+        is_decode = all(len(s.token_ids) <= self.max_q_len and s.start_pos > 0 for s in steps)
+        if is_decode and all(len(s.token_ids) == self.max_q_len for s in steps):
+            padded = pad_to_bucket(len(steps), self.graphed_sizes)
+            if padded is not None:
+                return padded, None
+        if self.records_token_graphs:
+            graphs = self._token_graph()
+            phase = "decode" if is_decode else "prefill"
+            sizes = graphs.captured_sizes(phase) if graphs is not None else []
+            padded_rows = pad_to_bucket(rows, sizes)
+            if padded_rows is not None:
+                return None, padded_rows
+        return None, None
+
+    def prepare(self, steps: Sequence["SequenceStep"]):
+        """Build the step's inputs and metadata (padded to a bucket) and set the forward context.
+        Returns (input_ids, scope); use the scope as a context manager around run_model."""
+        padded_seqs, padded_rows = self.padding_for(steps)
+        input_ids, positions, meta, ctx = self.builder.build(steps, padded_seqs, padded_rows)
+        scope = set_forward_context(meta, self.config, ctx, no_compile_layers=self.no_compile_layers)
+        return input_ids, scope
+
+    @torch.inference_mode()
+    def step(self, steps: Sequence["SequenceStep"]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward step for `steps`; logits and hidden states of the real rows only."""
+        input_ids, scope = self.prepare(steps)
+        with scope:
+            logits, hidden = self.run_model(input_ids)
+            rows = get_forward_context().attn_metadata.num_actual_tokens
+        return logits[:rows], hidden[:rows]
+
+    @torch.inference_mode()
+    def run_model(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The seed's dispatch: eager, request-graph replay, or token-graph replay.
+
+        The hidden states returned by a replay are a view of the recording's output, valid until
+        the next step; the logits are a fresh tensor."""
+        fc = get_forward_context()
+        ctx = fc.context
+        positions = ctx.positions
+        rows = input_ids.shape[0]
+        mode = self.mode
+        if mode == CUDAGraphMode.NONE or not self.graphed_sizes:
+            hidden = self.model(input_ids, positions)
+        elif not ctx.is_prefill and not self.records_token_graphs and ctx.batch_size <= self.graphed_sizes[-1] \
+                and request_bucket(ctx.running_bs, fc.attn_metadata.max_seqlen_q) in self.req_graph:
+            out = self.req_graph.replay(request_bucket(ctx.running_bs, fc.attn_metadata.max_seqlen_q))
+            hidden = out[:rows]
+        elif self.records_token_graphs:
+            fc.tr_graph = "replay"
+            try:
+                hidden = self.model(input_ids, positions)
+            finally:
+                fc.tr_graph = None
+        else:
+            hidden = self.model(input_ids, positions)
+        return self.model.compute_logits(hidden), hidden
+
+    def pool_memory(self) -> int:
+        """Bytes the CUDA caching allocator holds for the shared graph pool (0 without CUDA)."""
+        if not torch.cuda.is_available():
+            return 0
+        graph_pool()
+        return torch.cuda.memory_allocated()
