@@ -112,6 +112,15 @@ class _CopyInputs:
         return self.fn(*args)
 
 
+def traced_values(gm: fx.GraphModule, example_inputs: list[Any]) -> list[Any]:
+    """The inputs as Dynamo traced them (fake tensors with symbolic sizes). Dynamo may hand a
+    backend the real tensors of the first call, whose sizes are that call's, not the graph's."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(example_inputs):
+        return list(example_inputs)
+    return [n.meta.get("example_value", x) for n, x in zip(placeholders, example_inputs)]
+
+
 def _symbolic_tensor_indices(example_inputs: list[Any]) -> list[int]:
     out = []
     for i, x in enumerate(example_inputs):
@@ -149,6 +158,7 @@ class AtomBackend:
         self.split_gm: Optional[fx.GraphModule] = None
         self.items: list[SplitItem] = []
         self.compile_seconds = 0.0
+        self.compiled_callable: Optional[Callable] = None
 
     # --- torch.compile calls this --------------------------------------------------------
 
@@ -162,8 +172,18 @@ class AtomBackend:
                 "(torch._dynamo.mark_dynamic, or dynamic=True), and run with "
                 "TORCH_LOGS=graph_breaks,recompiles to see the cause. One backend instance compiles one graph."
             )
-        self.compiled = True
         start = time.perf_counter()
+        try:
+            fn = self._compile(gm, example_inputs, start)
+        except BaseException:
+            # Dynamo may restart its analysis from inside a compile (e.g. to specialise a float
+            # that dynamic=True made symbolic) and then hand us the graph again: not a second graph.
+            self.split_gm, self.items = None, []
+            raise
+        self.compiled = True
+        return fn
+
+    def _compile(self, gm: fx.GraphModule, example_inputs: list[Any], start: float) -> Callable:
         cc = self.compilation_config
         self.traced_files = user_source_files(_traced_files_from_dynamo() | self.extra_traced_files)
         if cc.level <= CompilationLevel.DYNAMO_AS_IS:
@@ -174,7 +194,7 @@ class AtomBackend:
         device_type = _device_type(example_inputs)
         self.factors = keys.build_factors(
             cc, compiler.compute_hash(), device_type, self.traced_files, keys.custom_op_names(gm),
-            keys.graph_digest(gm, example_inputs),
+            keys.graph_digest(gm, traced_values(gm, example_inputs)),
         )
         self.cache_hash = keys.compute_hash(self.factors)
         self.cache = self._open_cache()
@@ -208,7 +228,7 @@ class AtomBackend:
             self._dump(f"{item.submod_name}.py", item.graph.print_readable(print_output=False))
         fn: Callable = split_gm.forward
         if cc.cudagraph_copy_inputs and effective_cudagraph_mode(cc) != CUDAGraphMode.NONE:
-            fn = _CopyInputs(fn, _symbolic_tensor_indices(example_inputs))
+            fn = _CopyInputs(fn, _symbolic_tensor_indices(traced_values(gm, example_inputs)))
         logger.info(
             "atom-compile: %s: %d pieces (%d compiled, %d distinct), %.2fs (compiler %.2fs, loads %.2fs)%s",
             self.prefix, len(items), len(compile_names), len(self.manager._by_content),
@@ -219,8 +239,9 @@ class AtomBackend:
 
     def _finish(self, fn: Callable, gm: fx.GraphModule, example_inputs: list[Any], start: float) -> Callable:
         self.compile_seconds = time.perf_counter() - start
+        self.compiled_callable = fn
         if self.serializable and _SerializableBase is not object:
-            return AtomCompiledFunction(fn, self.split_gm, self.items, self._state(example_inputs))
+            return AtomCompiledFunction(fn, self.split_gm, self.items, self._state(traced_values(gm, example_inputs)))
         return fn
 
     def _state(self, example_inputs: list[Any]) -> dict:

@@ -36,7 +36,8 @@ def target_names(target: Any) -> set[str]:
         overload = target._overloadname
         return {base, f"{base}.{overload}"}
     if isinstance(target, torch._ops.OpOverloadPacket):
-        return {target._qualified_op_name}
+        # Dynamo may record the packet; a call through it resolves to the default overload.
+        return {target._qualified_op_name, f"{target._qualified_op_name}.default"}
     name = getattr(target, "__name__", None)
     module = getattr(target, "__module__", None) or ""
     if name and (module in _TORCH_FUNCTION_MODULES or module.startswith("torch.")) \

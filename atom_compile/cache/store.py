@@ -237,15 +237,17 @@ class PieceCache:
                           "runs its code. Compiling without the cache.", part, problem)
                 return None
         try:
-            cache.root.mkdir(parents=True, exist_ok=True)
+            if not cache.root.is_dir():
+                cache.root.mkdir(parents=True, exist_ok=True)
             for part in chain:
-                _mkdir_private(part)
+                if not part.is_dir():
+                    _mkdir_private(part)
         except OSError as exc:
             if not cache.path.is_dir():
                 warn_once(f"mkdir:{cache.path}", "atom-compile: cannot create the cache directory %s (%s); "
                           "compiling without the cache.", cache.path, exc.strerror or exc)
                 return None
-            cache.writable = False
+            cache.write_failed(cache.path, exc)
         cache._hold_in_use()
         return cache
 

@@ -1,0 +1,72 @@
+"""Shared fixtures: an isolated cache root per test, one Inductor cache per session, the
+`silly::attention` test op, and the `cuda` marker."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+# One Inductor cache for the whole session, outside the user's: tests stay isolated from the
+# machine and later compiles of an identical graph are cheap (our own counters still count them).
+_INDUCTOR_DIR = tempfile.mkdtemp(prefix="atom-test-inductor-")
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", _INDUCTOR_DIR)
+
+import torch  # noqa: E402
+
+import atom_compile as ac  # noqa: E402
+
+TESTS = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA or ROCm device")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    """Every test gets its own cache root and a fresh Dynamo."""
+    root = tmp_path / "atom-cache"
+    monkeypatch.setenv("ATOM_COMPILE_CACHE_ROOT", str(root))
+    monkeypatch.delenv("ATOM_COMPILE_DISABLE_CACHE", raising=False)
+    monkeypatch.delenv("ATOM_COMPILE_DISABLE", raising=False)
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def cache_root(tmp_path) -> Path:
+    return tmp_path / "atom-cache"
+
+
+def silly_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(q + k + v)
+
+
+_silly_lib = torch.library.Library("silly", "FRAGMENT")
+ac.direct_register_custom_op("attention", silly_attention, mutates_args=["out"], target_lib=_silly_lib)
+
+
+def run_job(*args: str, env: dict | None = None, timeout: int = 600) -> dict:
+    """Run tests/_job.py in a fresh process; return its JSON report."""
+    import json
+    import subprocess
+
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    proc = subprocess.run([sys.executable, str(TESTS / "_job.py"), *args], capture_output=True, text=True,
+                          env=full_env, timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(f"job failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report["stderr"] = proc.stderr
+    return report
