@@ -24,10 +24,11 @@ class Stepper:
     def __init__(self, max_seqs: int = 8, max_tokens: int = 64, blocks_per_seq: int = 8):
         self.builder = PagedAttentionMetadataBuilder(max_seqs, max_tokens, blocks_per_seq, BLOCK)
         self.blocks_per_seq = blocks_per_seq
+        self.max_seqs = max_seqs
 
     def allocate(self, *models) -> None:
         for m in models:
-            m.allocate_kv_cache(8 * self.blocks_per_seq, BLOCK)
+            m.allocate_kv_cache(self.max_seqs * self.blocks_per_seq, BLOCK)
 
     def table(self, seq: int) -> list[int]:
         return list(range(seq * self.blocks_per_seq, (seq + 1) * self.blocks_per_seq))

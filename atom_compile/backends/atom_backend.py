@@ -33,11 +33,6 @@ from .split import SplitItem, split_graph
 
 logger = logging.getLogger("atom_compile")
 
-try:  # torch >= 2.10: a backend result that torch can save with the Dynamo function
-    from torch._dynamo.aot_compile_types import SerializableCallable as _SerializableBase
-except ImportError:  # pragma: no cover - older torch: no warm start that skips Dynamo
-    _SerializableBase = object  # type: ignore[assignment,misc]
-
 _TORCH_DIR = os.path.dirname(torch.__file__)
 
 
@@ -240,8 +235,9 @@ class AtomBackend:
     def _finish(self, fn: Callable, gm: fx.GraphModule, example_inputs: list[Any], start: float) -> Callable:
         self.compile_seconds = time.perf_counter() - start
         self.compiled_callable = fn
-        if self.serializable and _SerializableBase is not object:
-            return AtomCompiledFunction(fn, self.split_gm, self.items, self._state(traced_values(gm, example_inputs)))
+        if self.serializable and serializable_base() is not None:
+            cls = __getattr__("AtomCompiledFunction")
+            return cls(fn, self.split_gm, self.items, self._state(traced_values(gm, example_inputs)))
         return fn
 
     def _state(self, example_inputs: list[Any]) -> dict:
@@ -311,7 +307,40 @@ def _strip(gm: fx.GraphModule) -> fx.GraphModule:
     return fx.GraphModule(gm, _graph_only(gm))
 
 
-class AtomCompiledFunction(_SerializableBase):  # type: ignore[misc,valid-type]
+def serializable_base() -> Optional[type]:
+    """torch's SerializableCallable (torch >= 2.10), imported only when needed: importing it
+    imports Dynamo, which a level-0 user of this package should not pay for."""
+    try:
+        from torch._dynamo.aot_compile_types import SerializableCallable
+    except ImportError:  # older torch: no warm start that skips Dynamo
+        return None
+    return SerializableCallable
+
+
+def __getattr__(name: str) -> Any:
+    # AtomCompiledFunction subclasses a Dynamo class; it is built on first use (pickle finds it
+    # here by name when torch loads a saved function).
+    if name == "AtomCompiledFunction":
+        cls = globals().get(name) or _make_compiled_function_class()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _make_compiled_function_class() -> type:
+    base = serializable_base()
+    if base is None:
+        raise RuntimeError("this torch cannot save a Dynamo function")
+
+    class AtomCompiledFunction(_CompiledFunctionBody, base):  # type: ignore[misc,valid-type]
+        __doc__ = _CompiledFunctionBody.__doc__
+        __module__ = __name__
+        __qualname__ = "AtomCompiledFunction"
+
+    return AtomCompiledFunction
+
+
+class _CompiledFunctionBody:
     """The compiled callable in a form torch can save with the Dynamo function.
 
     Saved: the stitching graph and the pieces' graphs (code only) and where the compiled
@@ -329,7 +358,7 @@ class AtomCompiledFunction(_SerializableBase):  # type: ignore[misc,valid-type]
         return self.fn(*args, **kwargs)
 
     @classmethod
-    def serialize_compile_artifacts(cls, fn: "AtomCompiledFunction") -> bytes:
+    def serialize_compile_artifacts(cls, fn: Any) -> bytes:
         from torch.fx._graph_pickler import GraphPickler, Options
 
         if fn.split_gm is None:
@@ -350,7 +379,7 @@ class AtomCompiledFunction(_SerializableBase):  # type: ignore[misc,valid-type]
         return pickle.dumps({"stitch": stitch, "pieces": pieces, **fn.state})
 
     @classmethod
-    def deserialize_compile_artifacts(cls, data: bytes) -> "AtomCompiledFunction":
+    def deserialize_compile_artifacts(cls, data: bytes) -> Any:
         from torch._subclasses.fake_tensor import FakeTensorMode
         from torch.fx._graph_pickler import GraphPickler
 

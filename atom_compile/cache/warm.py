@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
-import logging
 import os
 import sys
 import time
@@ -35,8 +34,6 @@ from typing import Any, Callable, Iterator, Optional
 from ..config import CAPTURE_SIZES_TOKEN, CompilationConfig, CompilationLevel, Config, CUDAGraphMode
 from . import inventory
 from .store import cache_root, caches_dir
-
-logger = logging.getLogger("atom_compile")
 
 DEFAULT_MODEL = "tiny"
 MIN_GENERAL_TOKENS = 8  # Dynamo specialises sizes 0 and 1; a few more keep the trace general

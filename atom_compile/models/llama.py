@@ -221,13 +221,18 @@ def build_model(
     """A LlamaForCausalLM with seeded random weights (the same seed gives the same weights)."""
     if isinstance(cfg, str):
         cfg = preset(cfg)
-    model = LlamaForCausalLM(cfg, prefix, compilation_config=compilation_config)
-    generator = torch.Generator().manual_seed(seed)
+    device = torch.device(device)
+    # Built and initialised where it will run: a 1B-parameter model is not worth a trip through
+    # the CPU. The weights depend on the seed and the device type.
+    with torch.device(device):
+        model = LlamaForCausalLM(cfg, prefix, compilation_config=compilation_config)
+    generator = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith("layernorm.weight") or name.endswith("norm.weight"):
-                param.copy_(1.0 + 0.1 * torch.randn(param.shape, generator=generator))
+            noise = torch.randn(param.shape, generator=generator, device=device)
+            if name.endswith("norm.weight"):
+                param.copy_(1.0 + 0.1 * noise)
             else:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.02 * (2.0 if "embed" in name else 1.0))
+                param.copy_(noise * 0.02 * (2.0 if "embed" in name else 1.0))
     model.requires_grad_(False)
-    return model.to(device=device, dtype=dtype).eval()
+    return model.to(dtype=dtype).eval()

@@ -8,6 +8,7 @@ metadata at the same addresses.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -62,14 +63,20 @@ def triton_paged_attention(query, k_cache, v_cache, output, meta, scale: float) 
     rows, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
     block_size = k_cache.shape[1]
-    assert k_cache.stride(3) == 1 and query.stride(2) == 1 and output.stride(2) == 1
+    if k_cache.stride(3) != 1 or v_cache.stride() != k_cache.stride():
+        raise ValueError("triton_paged_attention: the KV cache must be [blocks, block_size, kv_heads, dim], dim contiguous")
+    if query.stride(2) != 1:
+        query = query.contiguous()
+    target = output if output.stride(2) == 1 else torch.empty_like(output, memory_format=torch.contiguous_format)
     grid = (rows, num_heads)
     _paged_attention_kernel[grid](
-        query, k_cache, v_cache, output, meta.block_tables, meta.token_seq, meta.query_positions,
-        query.stride(0), query.stride(1), output.stride(0), output.stride(1),
+        query, k_cache, v_cache, target, meta.block_tables, meta.token_seq, meta.query_positions,
+        query.stride(0), query.stride(1), target.stride(0), target.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), meta.block_tables.stride(0),
         scale,
         GROUP=num_heads // num_kv_heads, BLOCK_SIZE=block_size, BLOCK_N=64,
         HEAD_DIM=head_dim, D_PAD=triton.next_power_of_2(head_dim),
         num_warps=4,
     )
+    if target is not output:
+        output.copy_(target)

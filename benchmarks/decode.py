@@ -1,0 +1,185 @@
+"""Decode step time of the built-in Llama (Llama-3.2-1B dimensions, bf16, random weights).
+
+Arms, in one run: eager; torch.compile; torch.compile(mode="reduce-overhead"); atom-compile
+level 3 with cudagraph_mode NONE, FULL and TR_HYBRID. Batches of 1, 8, 32 and 128 sequences,
+each with a 1k-token context already in the paged KV cache (random keys and values), so every
+arm times the same decode step: one token per sequence, logits included.
+
+Also measured in the same run: the device-to-device copy bandwidth (bytes read + written), the
+physical floor (weight bytes / that bandwidth), and the time to capture the default ladder.
+
+    python benchmarks/decode.py [--batches 1,8,32,128] [--context 1024] [--steps 50] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+
+def copy_bandwidth() -> float:
+    """Bytes per second of a large device-to-device copy, counting bytes read and written."""
+    n = 1 << 30  # 1 GiB each way
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        b.copy_(a)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del a, b
+    return 2 * n / statistics.median(times)
+
+
+def build(cc_kwargs: dict, max_seqs: int, context: int, block: int):
+    import atom_compile as ac
+    from atom_compile.models import build_model, preset
+    from atom_compile.ops.attention import PagedAttentionMetadataBuilder
+
+    blocks_per_seq = (context + 1 + block - 1) // block
+    cfg = ac.Config(max_num_seqs=max_seqs, max_num_batched_tokens=max(8192, max_seqs),
+                    compilation_config=ac.CompilationConfig(**cc_kwargs))
+    model = build_model(preset("llama-3.2-1b"), compilation_config=cfg, dtype=torch.bfloat16, device="cuda")
+    model.allocate_kv_cache(max_seqs * blocks_per_seq, block)
+    with torch.no_grad():
+        for layer in model.no_compile_layers.values():
+            layer.kv_cache.normal_()
+    builder = PagedAttentionMetadataBuilder(max_seqs, max(8192, max_seqs), blocks_per_seq, block, device="cuda")
+    return cfg, model, builder, blocks_per_seq
+
+
+def decode_steps(batch: int, context: int, blocks_per_seq: int):
+    from atom_compile.ops.attention import SequenceStep
+
+    return [SequenceStep([(7 * i) % 1000 + 1], context, list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)))
+            for i in range(batch)]
+
+
+def median_step(fn, steps: int) -> float:
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def run_arm(name: str, batches: list[int], context: int, steps: int, block: int) -> tuple[dict, dict]:
+    import atom_compile as ac
+    from atom_compile.runtime import ModelRunner
+
+    max_seqs = max(batches)
+    extra: dict = {}
+    if name.startswith("atom"):
+        mode = name.split("-", 1)[1].upper()
+        # max_num_seqs 512: the default ladder, [1..8] + range(16, 513, 16), 40 sizes
+        max_seqs = max(max_seqs, 512)
+        cfg, model, builder, bps = build({"level": 3, "cudagraph_mode": mode}, max_seqs, context, block)
+        runner = ModelRunner(model, cfg, builder)
+        # the first call compiles; the capture's warm-up would do it, but time compile and capture apart
+        ids, pos, meta, ctx = builder.build_for_capture(max_seqs, 1)
+        with torch.inference_mode(), ac.set_forward_context(meta, cfg, ctx, no_compile_layers=model.no_compile_layers):
+            model(ids, pos)
+        seconds, sizes = runner.capture_cudagraph()
+        extra = {"capture_seconds": seconds, "captured_sizes": len(sizes)}
+        out = {}
+        for b in batches:
+            inputs, scope = runner.prepare(decode_steps(b, context, bps))
+            with scope:
+                out[b] = median_step(lambda: runner.run_model(inputs), steps)
+        return out, extra
+
+    cfg, model, builder, bps = build({"level": 0}, max_seqs, context, block)
+    forward = model.model
+    if name == "torch.compile":
+        forward = torch.compile(model.model, fullgraph=True, dynamic=True)
+    elif name == "reduce-overhead":
+        forward = torch.compile(model.model, fullgraph=True, dynamic=True, mode="reduce-overhead")
+    out = {}
+    for b in batches:
+        ids, pos, meta, ctx = builder.build(decode_steps(b, context, bps))
+        with torch.inference_mode(), ac.set_forward_context(meta, cfg, ctx, no_compile_layers=model.no_compile_layers):
+            out[b] = median_step(lambda: model.compute_logits(forward(ids, pos)), steps)
+    return out, extra
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", default="1,8,32,128")
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--arms", default="eager,torch.compile,reduce-overhead,atom-none,atom-full,atom-tr_hybrid")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("decode.py needs a CUDA GPU")
+    batches = [int(b) for b in args.batches.split(",")]
+    block = 16
+
+    from atom_compile.models import preset
+
+    llama = preset("llama-3.2-1b")
+    bw = copy_bandwidth()
+    weights = _weight_bytes(llama)
+    results: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                     "copy_bandwidth_tb_s": bw / 1e12, "weight_bytes": weights, "floor_ms": weights / bw * 1e3,
+                     "context": args.context, "arms": {}, "extra": {}}
+    for arm in args.arms.split(","):
+        t = time.perf_counter()
+        times, extra = run_arm(arm, batches, args.context, args.steps, block)
+        results["arms"][arm] = {b: s * 1e3 for b, s in times.items()}
+        results["extra"][arm] = dict(extra, wall_seconds=time.perf_counter() - t)
+        print(f"{arm:16s} " + "  ".join(f"bs{b}={s * 1e3:.3f}ms" for b, s in times.items()), flush=True)
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+
+    print(f"\n{results['device']}, torch {results['torch']}, context {args.context}")
+    print(f"copy bandwidth {results['copy_bandwidth_tb_s']:.2f} TB/s; weights {weights / 1e9:.2f} GB; "
+          f"floor {results['floor_ms']:.3f} ms")
+    print("| arm | " + " | ".join(f"bs {b} (ms)" for b in batches) + " |")
+    print("|---|" + "---|" * len(batches))
+    for arm, row in results["arms"].items():
+        print(f"| {arm} | " + " | ".join(f"{row[b]:.3f}" for b in batches) + " |")
+    arms = results["arms"]
+    if "atom-full" in arms:
+        print(f"FULL bs1 / floor: {arms['atom-full'][batches[0]] / results['floor_ms']:.2f}x (goal <= 1.3)")
+        if "reduce-overhead" in arms:
+            print("FULL / reduce-overhead: " + ", ".join(
+                f"bs{b} {arms['atom-full'][b] / arms['reduce-overhead'][b]:.2f}" for b in batches) + " (goal <= 1.0)")
+        if "atom-tr_hybrid" in arms:
+            print("TR_HYBRID / FULL: " + ", ".join(
+                f"bs{b} {arms['atom-tr_hybrid'][b] / arms['atom-full'][b]:.2f}" for b in batches if b <= 32)
+                + " (goal <= 1.15 up to bs 32)")
+        print(f"capture of the default ladder ({results['extra']['atom-full'].get('captured_sizes')} sizes): "
+              f"FULL {results['extra']['atom-full'].get('capture_seconds', 0):.1f}s, "
+              f"TR_HYBRID {results['extra'].get('atom-tr_hybrid', {}).get('capture_seconds', 0):.1f}s (goal < 30s)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+def _weight_bytes(cfg) -> int:
+    h, i, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    qkv = h * (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+    per_layer = qkv + cfg.num_heads * cfg.head_dim * h + 3 * h * i + 2 * h
+    params = cfg.num_layers * per_layer + h + v * h * (1 if cfg.tie_word_embeddings else 2)
+    return params * 2  # bf16; the embedding rows a step reads are negligible, the LM head is not
+
+
+if __name__ == "__main__":
+    main()
