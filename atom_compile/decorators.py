@@ -205,23 +205,28 @@ class CompiledDispatcher:
                 return self._atom_start_dispatch(fn, args, kwargs)
             backend = AtomBackend(self.atom_config if self.atom_config is not None else cc, prefix,
                                   extra_traced_files=[inspect.getfile(cls)], serializable=True)
-            try:
-                compiled = torch.compile(
+            # torch.compile(...).aot_compile exists only while Dynamo's enable_aot_compile is on
+            # (off by default before torch 2.12).
+            with torch._dynamo.config.patch(enable_aot_compile=True):
+                optimized = torch.compile(
                     cls.forward, fullgraph=True, backend=backend,
                     options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe},
-                ).aot_compile(((self, *args), kwargs))
-            except Exception as exc:
-                if not backend.compiled or isinstance(exc, (BufferMutationError, RecompileError)):
-                    raise
-                logger.info("atom-compile: torch could not pre-compile %s (%s: %s); using torch.compile",
-                            cls.__qualname__, type(exc).__name__, str(exc)[:200])
-            else:
-                fn = compiled.fn
-                _check_code(fn.__code__, cls)
-                if compiler_factors is not None:
+                )
+            if hasattr(optimized, "aot_compile"):
+                try:
+                    with torch._dynamo.config.patch(enable_aot_compile=True):
+                        compiled = optimized.aot_compile(((self, *args), kwargs))
+                except Exception as exc:
+                    if not backend.compiled or isinstance(exc, (BufferMutationError, RecompileError)):
+                        raise
+                    logger.info("atom-compile: torch could not pre-compile %s (%s: %s); using torch.compile",
+                                cls.__qualname__, type(exc).__name__, str(exc)[:200])
+                else:
+                    fn = compiled.fn
+                    _check_code(fn.__code__, cls)
                     aot.save(compiled, backend, cc, compiler_factors, device_type, prefix, self, args)
-                self._atom_backend = backend
-                return self._atom_start_dispatch(fn, args, kwargs)
+                    self._atom_backend = backend
+                    return self._atom_start_dispatch(fn, args, kwargs)
         return self._atom_compile_with_hook(args, kwargs, prefix)
 
     def _atom_compile_with_hook(self, args: tuple, kwargs: dict, prefix: str) -> Any:

@@ -79,6 +79,26 @@ def median_step(fn, steps: int) -> float:
     return statistics.median(times)
 
 
+PROFILE = False
+
+
+def kernel_breakdown(fn, top: int = 12) -> list[tuple[str, float, int]]:
+    """GPU time per kernel over 5 calls of `fn` (name, microseconds per call, launches per call)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0))
+        if us > 0:
+            rows.append((e.key[:70], us / 5, e.count // 5))
+    rows.sort(key=lambda r: -r[1])
+    return rows[:top]
+
+
 def run_arm(name: str, batches: list[int], context: int, steps: int, block: int) -> tuple[dict, dict]:
     import atom_compile as ac
     from atom_compile.runtime import ModelRunner
@@ -102,6 +122,8 @@ def run_arm(name: str, batches: list[int], context: int, steps: int, block: int)
             inputs, scope = runner.prepare(decode_steps(b, context, bps))
             with scope:
                 out[b] = median_step(lambda: runner.run_model(inputs), steps)
+                if PROFILE and b == batches[0]:
+                    extra["kernels"] = kernel_breakdown(lambda: runner.run_model(inputs))
         return out, extra
 
     cfg, model, builder, bps = build({"level": 0}, max_seqs, context, block)
@@ -125,7 +147,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--arms", default="eager,torch.compile,reduce-overhead,atom-none,atom-full,atom-tr_hybrid")
     ap.add_argument("--json", default="")
+    ap.add_argument("--profile", action="store_true", help="print the GPU time per kernel of the atom arms at the first batch")
     args = ap.parse_args()
+    global PROFILE
+    PROFILE = args.profile
     if not torch.cuda.is_available():
         sys.exit("decode.py needs a CUDA GPU")
     batches = [int(b) for b in args.batches.split(",")]
@@ -168,6 +193,12 @@ def main() -> None:
         print(f"capture of the default ladder ({results['extra']['atom-full'].get('captured_sizes')} sizes): "
               f"FULL {results['extra']['atom-full'].get('capture_seconds', 0):.1f}s, "
               f"TR_HYBRID {results['extra'].get('atom-tr_hybrid', {}).get('capture_seconds', 0):.1f}s (goal < 30s)")
+    for arm, extra in results["extra"].items():
+        if extra.get("kernels"):
+            total = sum(us for _, us, _ in extra["kernels"])
+            print(f"\n{arm}, bs {batches[0]}: top kernels (us per step, launches per step), top total {total:.0f} us")
+            for name, us, n in extra["kernels"]:
+                print(f"  {us:8.1f}  x{n:<4d} {name}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

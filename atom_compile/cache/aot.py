@@ -38,7 +38,8 @@ ENTRYPOINTS = "entrypoints"
 
 def supported() -> bool:
     """Whether this torch can save and load a Dynamo-compiled function."""
-    return hasattr(torch.compiler, "load_compiled_function") and _has_aot_compile()
+    return hasattr(torch.compiler, "load_compiled_function") and _has_aot_compile() \
+        and hasattr(torch._dynamo.config, "enable_aot_compile")
 
 
 def _has_aot_compile() -> bool:

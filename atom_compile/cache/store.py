@@ -72,6 +72,11 @@ def warn_once(key: str, message: str, *args: Any) -> None:
         logger.warning(message, *args)
 
 
+def open_cache_paths() -> list[str]:
+    """The `<hash>` directories this process has opened (and holds in use)."""
+    return list(_in_use_fds)
+
+
 def cache_root(cache_dir: str = "") -> Path:
     """`cache_dir` if set, else $ATOM_COMPILE_CACHE_ROOT, else $XDG_CACHE_HOME/atom (~/.cache/atom)."""
     if cache_dir:
@@ -249,6 +254,7 @@ class PieceCache:
                 return None
             cache.write_failed(cache.path, exc)
         cache._hold_in_use()
+        cache.touch_last_used()
         return cache
 
     def _hold_in_use(self) -> None:

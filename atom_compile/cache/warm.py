@@ -353,7 +353,7 @@ def _caches_used(root: Path) -> list[str]:
 
     base = caches_dir(root).resolve()
     out = []
-    for path in getattr(store, "_in_use_fds", {}):
+    for path in store.open_cache_paths():
         p = Path(path).resolve()
         if p.parent == base:
             out.append(p.name)
@@ -420,20 +420,9 @@ def run_warm(opts: WarmOptions) -> WarmReport:
 def _record_graphs(job: Job, cfg: Config) -> list[int]:
     from ..runtime.model_runner import ModelRunner
 
-    runner = ModelRunner(_capture_unit(job.model, cfg), cfg, job.builder)
-    runner.no_compile_layers = getattr(job.model, "no_compile_layers", None) or runner.no_compile_layers
+    runner = ModelRunner(job.model, cfg, job.builder)
     _, sizes = runner.capture_cudagraph()
     return sizes
-
-
-def _capture_unit(model: Any, cfg: Config) -> Any:
-    """What ModelRunner records: the model, or for TR_HYBRID its first submodule marked
-    @token_graph. ModelRunner checks only the top model's class for the mark (the built-in
-    LlamaForCausalLM wraps the marked LlamaModel); capture calls nothing but forward."""
-    mode = cfg.compilation_config.cudagraph_mode
-    if mode is None or not mode.uses_tr_hybrid() or getattr(type(model), "_atom_token_graph", False):
-        return model
-    return next((m for m in model.modules() if getattr(type(m), "_atom_token_graph", False)), model)
 
 
 # --- explain -------------------------------------------------------------------------------

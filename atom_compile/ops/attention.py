@@ -85,14 +85,15 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slo
 
 def paged_attention(query, key, value, output, kv_cache, meta: PagedAttentionMetadata, scale: float) -> None:
     rows = query.shape[0]
-    write_kv(key, value, kv_cache, meta.slot_mapping)
     if meta.query_positions.shape[0] != rows:
         meta = _rows_view(meta, rows)
     if query.is_cuda and _triton_available():
-        from .triton_attention import triton_paged_attention
+        from .triton_attention import triton_paged_attention, triton_write_kv
 
+        triton_write_kv(key, value, kv_cache, meta.slot_mapping)
         triton_paged_attention(query, kv_cache[0], kv_cache[1], output, meta, scale)
     else:
+        write_kv(key, value, kv_cache, meta.slot_mapping)
         _torch_paged_attention(query, kv_cache[0], kv_cache[1], output, meta, scale)
 
 

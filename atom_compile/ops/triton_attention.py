@@ -1,9 +1,11 @@
-"""Triton paged attention (CUDA): one program per (query row, query head).
+"""Triton paged attention (CUDA), split along the keys (flash-decoding).
 
-Each program reads its row's sequence, position and block table from device tensors and walks
-the cached keys 0..position in tiles of BLOCK_N, with an online softmax in float32. The launch
-grid depends only on the row count, so a CUDA graph can record it: replays read the new
-metadata at the same addresses.
+Each program takes one query row, one query head and one span of KEYS_PER_SPLIT cached keys:
+it reads the row's sequence, position and block table from device tensors and keeps an online
+softmax in float32. A second kernel merges the spans. Every launch grid depends only on the
+row count and the block table's width, never on host data, so a CUDA graph records it and
+replays read the new metadata at the same addresses. Splitting the keys keeps the GPU busy at
+batch 1, where one program per head would leave most multiprocessors idle.
 """
 
 from __future__ import annotations
@@ -12,25 +14,27 @@ import torch
 import triton
 import triton.language as tl
 
+KEYS_PER_SPLIT = 256
+BLOCK_N = 64
+
 
 @triton.jit
-def _paged_attention_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, token_seq_ptr, query_pos_ptr,
-    stride_qt, stride_qh, stride_ot, stride_oh,
-    stride_kb, stride_ks, stride_kh, stride_bt,
-    scale,
+def _attention_span_kernel(
+    q_ptr, k_ptr, v_ptr, acc_ptr, ml_ptr, tables_ptr, token_seq_ptr, query_pos_ptr,
+    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt,
+    scale, num_heads, num_splits,
     GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, KEYS_PER_SPLIT: tl.constexpr,
 ):
     row = tl.program_id(0)
     head = tl.program_id(1)
+    span = tl.program_id(2)
     offs_d = tl.arange(0, D_PAD)
     d_mask = offs_d < HEAD_DIM
     pos = tl.load(query_pos_ptr + row)
-    out_row = out_ptr + row * stride_ot + head * stride_oh + offs_d
-    if pos < 0:
-        tl.store(out_row, tl.zeros([D_PAD], dtype=tl.float32).to(out_ptr.dtype.element_ty), mask=d_mask)
-        return
+    n_keys = tl.where(pos < 0, 0, pos + 1)  # padding rows (position -1) see no key
+    first = span * KEYS_PER_SPLIT
+    last = tl.minimum(n_keys, first + KEYS_PER_SPLIT)
     seq = tl.load(token_seq_ptr + row)
     kv_head = head // GROUP
     q = tl.load(q_ptr + row * stride_qt + head * stride_qh + offs_d, mask=d_mask, other=0.0).to(tl.float32)
@@ -38,10 +42,9 @@ def _paged_attention_kernel(
     m_i = tl.max(tl.full([BLOCK_N], float("-inf"), tl.float32), axis=0)
     l_i = tl.sum(tl.zeros([BLOCK_N], tl.float32), axis=0)
     acc = tl.zeros([D_PAD], dtype=tl.float32)
-    n_keys = pos + 1
-    for start in range(0, n_keys, BLOCK_N):
+    for start in range(first, last, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < n_keys
+        n_mask = offs_n < last
         block = tl.load(tables_ptr + seq * stride_bt + offs_n // BLOCK_SIZE, mask=n_mask, other=0)
         base = block.to(tl.int64) * stride_kb + (offs_n % BLOCK_SIZE) * stride_ks + kv_head * stride_kh
         kv_mask = n_mask[:, None] & d_mask[None, :]
@@ -55,7 +58,33 @@ def _paged_attention_kernel(
         acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
         l_i = l_i * alpha + tl.sum(p, axis=0)
         m_i = m_new
-    tl.store(out_row, (acc / l_i).to(out_ptr.dtype.element_ty), mask=d_mask)
+    slot = (row * num_heads + head) * num_splits + span
+    tl.store(acc_ptr + slot * D_PAD + offs_d, acc)
+    tl.store(ml_ptr + slot * 2, m_i)
+    tl.store(ml_ptr + slot * 2 + 1, l_i)
+
+
+@triton.jit
+def _merge_spans_kernel(
+    acc_ptr, ml_ptr, out_ptr, stride_ot, stride_oh, num_heads, num_splits,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
+):
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, D_PAD)
+    s_mask = offs_s < num_splits
+    slot = (row * num_heads + head) * num_splits + offs_s
+    m = tl.load(ml_ptr + slot * 2, mask=s_mask, other=float("-inf"))
+    l = tl.load(ml_ptr + slot * 2 + 1, mask=s_mask, other=0.0)
+    m_max = tl.max(m, axis=0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_max))
+    total = tl.sum(l * w, axis=0)
+    acc = tl.load(acc_ptr + slot[:, None] * D_PAD + offs_d[None, :], mask=s_mask[:, None], other=0.0)
+    merged = tl.sum(acc * w[:, None], axis=0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(out_ptr + row * stride_ot + head * stride_oh + offs_d, merged.to(out_ptr.dtype.element_ty),
+             mask=offs_d < HEAD_DIM)
 
 
 def triton_paged_attention(query, k_cache, v_cache, output, meta, scale: float) -> None:
@@ -68,15 +97,56 @@ def triton_paged_attention(query, k_cache, v_cache, output, meta, scale: float) 
     if query.stride(2) != 1:
         query = query.contiguous()
     target = output if output.stride(2) == 1 else torch.empty_like(output, memory_format=torch.contiguous_format)
-    grid = (rows, num_heads)
-    _paged_attention_kernel[grid](
-        query, k_cache, v_cache, target, meta.block_tables, meta.token_seq, meta.query_positions,
-        query.stride(0), query.stride(1), target.stride(0), target.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), meta.block_tables.stride(0),
-        scale,
-        GROUP=num_heads // num_kv_heads, BLOCK_SIZE=block_size, BLOCK_N=64,
-        HEAD_DIM=head_dim, D_PAD=triton.next_power_of_2(head_dim),
-        num_warps=4,
+    d_pad = triton.next_power_of_2(head_dim)
+    # The span count follows the block table's width (a shape), not the step's lengths.
+    capacity = meta.block_tables.shape[1] * block_size
+    num_splits = max(1, triton.cdiv(capacity, KEYS_PER_SPLIT))
+    acc = torch.empty((rows, num_heads, num_splits, d_pad), dtype=torch.float32, device=query.device)
+    ml = torch.empty((rows, num_heads, num_splits, 2), dtype=torch.float32, device=query.device)
+    _attention_span_kernel[(rows, num_heads, num_splits)](
+        query, k_cache, v_cache, acc, ml, meta.block_tables, meta.token_seq, meta.query_positions,
+        query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        meta.block_tables.stride(0), scale, num_heads, num_splits,
+        GROUP=num_heads // num_kv_heads, BLOCK_SIZE=block_size, BLOCK_N=BLOCK_N,
+        HEAD_DIM=head_dim, D_PAD=d_pad, KEYS_PER_SPLIT=KEYS_PER_SPLIT, num_warps=4,
+    )
+    _merge_spans_kernel[(rows, num_heads)](
+        acc, ml, target, target.stride(0), target.stride(1), num_heads, num_splits,
+        HEAD_DIM=head_dim, D_PAD=d_pad, SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=1,
     )
     if target is not output:
         output.copy_(target)
+
+
+@triton.jit
+def _write_kv_kernel(
+    k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs, stride_ch,
+    HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr,
+):
+    row = tl.program_id(0)
+    slot = tl.load(slot_ptr + row)
+    if slot >= 0:  # padding rows (slot -1) write nothing
+        offs_h = tl.arange(0, H_PAD)[:, None]
+        offs_d = tl.arange(0, D_PAD)[None, :]
+        mask = (offs_h < HEADS) & (offs_d < HEAD_DIM)
+        k = tl.load(k_ptr + row * stride_kt + offs_h * stride_kh + offs_d, mask=mask)
+        v = tl.load(v_ptr + row * stride_vt + offs_h * stride_vh + offs_d, mask=mask)
+        dst = slot.to(tl.int64) * stride_cs + offs_h * stride_ch + offs_d
+        tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty), mask=mask)
+        tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=mask)
+
+
+def triton_write_kv(key, value, kv_cache, slot_mapping) -> None:
+    """One launch for this step's keys and values ([rows, kv_heads, dim]) into the paged cache."""
+    rows, heads, head_dim = key.shape
+    k_cache = kv_cache[0].view(-1, heads, head_dim)
+    v_cache = kv_cache[1].view(-1, heads, head_dim)
+    if key.stride(2) != 1:
+        key = key.contiguous()
+    if value.stride(2) != 1:
+        value = value.contiguous()
+    _write_kv_kernel[(rows,)](
+        key, value, k_cache, v_cache, slot_mapping, key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        k_cache.stride(0), k_cache.stride(1), HEADS=heads, HEAD_DIM=head_dim,
+        H_PAD=triton.next_power_of_2(heads), D_PAD=triton.next_power_of_2(head_dim), num_warps=1,
+    )

@@ -95,8 +95,8 @@ class ModelRunner:
         if max(self.capture_sizes) > self.config.max_num_seqs:
             raise ValueError(f"capture size {max(self.capture_sizes)} exceeds max_num_seqs "
                              f"({self.config.max_num_seqs})")
-        if self.records_token_graphs and token_graph_of(self.model) is None \
-                and not getattr(type(self.model), "_atom_token_graph", False):
+        modules = self.model.modules() if isinstance(self.model, torch.nn.Module) else [self.model]
+        if self.records_token_graphs and not any(getattr(type(m), "_atom_token_graph", False) for m in modules):
             raise TypeError(f"{type(self.model).__qualname__} has no @token_graph unit: TR_HYBRID needs "
                             "the model (or a submodule) marked @token_graph")
         start = time.perf_counter()
