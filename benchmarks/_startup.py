@@ -56,11 +56,12 @@ def main() -> None:
             torch.cuda.synchronize()
         t_first = time.perf_counter()
         reference = model.compute_logits(type(model.model).forward(model.model, ids, pos))
-    tol = 1e-3 if dtype == torch.float32 else 5e-2
-    correct = bool(torch.allclose(out.float(), reference.float(), atol=tol, rtol=tol))
+    # relative error over the whole output: float32 lands far under 1e-4, bf16 near 1e-3
+    error = ((out.float() - reference.float()).norm() / reference.float().norm()).item()
+    correct = error < (1e-4 if dtype == torch.float32 else 2e-2)
     counters = ac.compilation_counter.as_dict()
     print(json.dumps({
-        "arm": args.arm, "layers": args.layers, "device": args.device, "correct": correct,
+        "arm": args.arm, "layers": args.layers, "device": args.device, "correct": correct, "rel_error": error,
         "import_s": t_imported - T_START, "build_s": t_built - t_imported,
         "compile_phase_s": t_first - t_built, "whole_process_s": t_first - T_START,
         "inductor_compiles": counters["num_inductor_compiles"],

@@ -31,7 +31,7 @@ def start(arm: str, layers: int, device: str, cache_root: str, inductor_dir: str
         raise SystemExit(f"{arm} ({layers} layers) failed:\n{proc.stderr[-3000:]}")
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     if not report["correct"]:
-        raise SystemExit(f"{arm} ({layers} layers) gave a wrong output")
+        raise SystemExit(f"{arm} ({layers} layers) gave a wrong output (relative error {report['rel_error']:.2e})")
     return report
 
 

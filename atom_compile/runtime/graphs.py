@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import gc
 import logging
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterator, Optional
 
@@ -26,6 +27,9 @@ from ..forward_context import get_forward_context, push_forward_context
 logger = logging.getLogger("atom_compile")
 
 _pool: Optional[Any] = None
+# The recordings made in the pool. A pool lives only while some graph uses it: once every one
+# is gone (a runner dropped), the handle is dead and capturing into it trips an allocator assert.
+_pool_users: "weakref.WeakSet[torch.cuda.CUDAGraph]" = weakref.WeakSet()
 _drain_hooks: list[Callable[[], None]] = []
 
 
@@ -36,15 +40,20 @@ def graph_pool() -> Any:
     the next replay, and memory a recording keeps referenced is never handed to another.
     """
     global _pool
-    if _pool is None:
+    if _pool is None or not _pool_users:
         _pool = torch.cuda.graph_pool_handle()
     return _pool
+
+
+def _uses_pool(graph: torch.cuda.CUDAGraph) -> None:
+    _pool_users.add(graph)
 
 
 def reset_graph_pool() -> None:
     """Forget the shared pool (tests and benchmarks that measure one recording at a time)."""
     global _pool
     _pool = None
+    _pool_users.clear()
 
 
 def register_drain_hook(hook: Callable[[], None]) -> None:
@@ -86,6 +95,7 @@ class ReqGraph:
         with recording_guard():
             with torch.cuda.graph(graph, pool=graph_pool(), capture_error_mode="thread_local"):
                 output = fn()
+        _uses_pool(graph)
         self.graphs[bucket] = (graph, output)
         compilation_counter.num_cudagraph_captured += 1
         return output
@@ -134,6 +144,7 @@ class _SegmentRecorder:
     def end(self) -> None:
         assert self._graph is not None
         self._graph.capture_end()
+        _uses_pool(self._graph)
         self.segments.append(self._graph)
         self._graph = None
 
