@@ -205,11 +205,9 @@ def _pool_bytes(sizes: list[int], tmp_path) -> int:
     model.allocate_kv_cache(max(sizes) * 4, BLOCK)
     builder = PagedAttentionMetadataBuilder(max(sizes), 1024, 4, BLOCK, device="cuda")
     runner = ModelRunner(model, cfg, builder)
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_reserved()
     runner.capture_cudagraph()
     torch.cuda.synchronize()
-    used = torch.cuda.memory_reserved() - before
+    used = runner.pool_memory()
     del runner, model, builder
     graphs_module.reset_graph_pool()
     torch.cuda.synchronize()

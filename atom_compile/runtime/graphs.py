@@ -45,6 +45,15 @@ def graph_pool() -> Any:
     return _pool
 
 
+def graph_pool_bytes() -> int:
+    """Bytes the caching allocator holds in the shared pool's segments (0 if there is none)."""
+    if _pool is None or not torch.cuda.is_available():
+        return 0
+    pool = tuple(_pool)
+    return sum(seg["total_size"] for seg in torch.cuda.memory_snapshot()
+               if tuple(seg.get("segment_pool_id", ())) == pool)
+
+
 def _uses_pool(graph: torch.cuda.CUDAGraph) -> None:
     _pool_users.add(graph)
 

@@ -23,7 +23,7 @@ import torch
 from ..config import Config, CUDAGraphMode
 from ..forward_context import get_forward_context, set_forward_context
 from .buckets import pad_to_bucket, request_bucket
-from .graphs import ReqGraph, TokenGraph, graph_pool, token_graph_of
+from .graphs import ReqGraph, TokenGraph, graph_pool_bytes, token_graph_of
 
 if TYPE_CHECKING:
     from ..ops.attention import SequenceStep
@@ -100,7 +100,6 @@ class ModelRunner:
             raise TypeError(f"{type(self.model).__qualname__} has no @token_graph unit: TR_HYBRID needs "
                             "the model (or a submodule) marked @token_graph")
         start = time.perf_counter()
-        before = torch.cuda.memory_allocated()
         sizes = sorted(self.capture_sizes, reverse=True)
         show = _rank0() and sys.stderr.isatty()
         from tqdm import tqdm
@@ -110,8 +109,8 @@ class ModelRunner:
         torch.cuda.synchronize()
         self.graphed_sizes = sorted(sizes)
         elapsed = time.perf_counter() - start
-        logger.info("atom-compile: captured %d sizes (%s) in %.2fs; graph pool holds %.1f MiB",
-                    len(sizes), self.mode.name, elapsed, (torch.cuda.memory_allocated() - before) / 2**20)
+        logger.info("atom-compile: captured %d sizes (%s) in %.2fs; the graph pool holds %.1f MiB",
+                    len(sizes), self.mode.name, elapsed, graph_pool_bytes() / 2**20)
         return elapsed, list(self.graphed_sizes)
 
     def _capture_one(self, bs: int) -> None:
@@ -200,7 +199,4 @@ class ModelRunner:
 
     def pool_memory(self) -> int:
         """Bytes the CUDA caching allocator holds for the shared graph pool (0 without CUDA)."""
-        if not torch.cuda.is_available():
-            return 0
-        graph_pool()
-        return torch.cuda.memory_allocated()
+        return graph_pool_bytes()
