@@ -20,6 +20,8 @@ class CompilerInterface(abc.ABC):
     name: str = "base"
     cache_dir: Optional[str] = None
     last_save_error: Optional[OSError] = None
+    # where the compiler's own scratch files go (set by the manager while the cache is writable)
+    inductor_dir: Optional[str] = None
 
     def initialize_cache(self, cache_dir: Optional[str], disable_cache: bool = False, prefix: str = "") -> None:
         """Where this adaptor writes artifacts (None or disable_cache: write nothing)."""
@@ -54,7 +56,7 @@ class CompilerInterface(abc.ABC):
         runtime_shape: Optional[int] = None,
     ) -> Callable:
         """Rebuild the callable from a handle returned by `compile` (in this or another process)."""
-        raise NotImplementedError(f"{self.name} saves no artifacts")
+        raise RuntimeError(f"the {self.name} compiler saves no artifacts: there is nothing to load")
 
     # Whether `load` works without example inputs (needed to skip Dynamo on a warm start).
     loads_without_inputs: bool = False

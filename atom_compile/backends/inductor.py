@@ -86,6 +86,45 @@ def _atomic_save(path: str, save: Callable[[str], None]) -> None:
             os.unlink(tmp)
 
 
+@contextlib.contextmanager
+def inductor_files_in(directory: Optional[str]):
+    """Point Inductor's own cache (generated code, the C++ libraries it builds on CPU, Triton
+    kernels) at `directory` while a piece compiles or loads. A CPU artifact names its compiled
+    library without carrying it; kept beside the artifact, a warm start finds it instead of
+    running the C++ compiler again. With no directory (no cache, or a read-only one), nothing
+    changes."""
+    if directory is None:
+        yield
+        return
+    try:
+        from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+    except ImportError:  # pragma: no cover - torch without the helper: leave Inductor's cache alone
+        yield
+        return
+    with temporary_cache_dir(directory):
+        yield
+
+
+_isa_primed = False
+
+
+def prime_cpu_isa() -> None:
+    """Run Inductor's probe of the CPU's vector ISA once, in Inductor's own cache directory.
+
+    The probe builds a test program into the current cache directory and the process
+    remembers its answer; run inside our cache directory on a full or read-only disk it would
+    fail and leave the whole process compiling scalar code."""
+    global _isa_primed
+    if not _isa_primed:
+        _isa_primed = True
+        try:
+            from torch._inductor import cpu_vec_isa
+
+            cpu_vec_isa.pick_vec_isa()
+        except Exception:  # pragma: no cover - no C++ toolchain: Inductor says so when it compiles
+            pass
+
+
 def _inductor_env_factors() -> dict[str, Any]:
     from torch._inductor import config as inductor_config
 
@@ -130,12 +169,17 @@ class InductorStandaloneAdaptor(CompilerInterface):
         # "from_tracing_context" broke Dynamo's guard building on 2.13; "from_graph" works for
         # the general shape, and a concrete size specialises on the real inputs.
         dynamic_shapes = "from_example_inputs" if isinstance(runtime_shape, int) else "from_graph"
-        with torch.no_grad():
+        device = _graph_device(example_inputs)
+        if device == "cpu":
+            prime_cpu_isa()
+        with torch.no_grad(), inductor_files_in(self.inductor_dir if key is not None else None):
             artifact = torch._inductor.standalone_compile(
                 graph, list(example_inputs), dynamic_shapes=dynamic_shapes,
                 options={"config_patches": patches},
             )
-        handle = self._save(artifact, key, single)
+            handle = self._save(artifact, key, single)
+        if handle is not None:
+            handle["device"] = device
         return _unwrapped(artifact, single), handle
 
     def _save(self, artifact: Any, key: Optional[str], single: bool) -> Optional[Handle]:
@@ -163,7 +207,10 @@ class InductorStandaloneAdaptor(CompilerInterface):
         from torch._inductor import CompiledArtifact
 
         path = os.path.join(self.cache_dir or "", handle["path"])
-        artifact = CompiledArtifact.load(path=path, format="binary")
+        if handle.get("device", "cpu") == "cpu":
+            prime_cpu_isa()
+        with inductor_files_in(self.inductor_dir):
+            artifact = CompiledArtifact.load(path=path, format="binary")
         return _unwrapped(artifact, bool(handle.get("single_output")))
 
 

@@ -548,12 +548,18 @@ def export_cache(root: Path, cache_hash: str, output: Path) -> dict:
             "entrypoints": len(points)}
 
 
+# Inductor's own files for the pieces (CPU libraries, generated code): no digest covers them,
+# so they never travel; an imported cache rebuilds them on its first start.
+SCRATCH_DIR = "inductor"
+
+
 def _exported_files(cache_path: Path) -> list[Path]:
-    """Regular files and directories of a cache, without process-local and temp files."""
+    """Regular files and directories of a cache, without process-local, temp and scratch files."""
     out = []
     for dirpath, dirnames, filenames in os.walk(cache_path):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         here = Path(dirpath)
+        in_piece_dir = len(here.relative_to(cache_path).parts) == 2  # rank_<r>/<prefix>
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and not (in_piece_dir and d == SCRATCH_DIR))
         if here != cache_path:
             out.append(here)
         for name in sorted(filenames):
@@ -587,6 +593,8 @@ def _member_target(member: tarfile.TarInfo) -> tuple[str, PurePosixPath]:
         raise ArchiveError(f"archive member {name!r} is not an entry point file; refusing the archive")
     if not HASH_RE.match(rest[0]):
         raise ArchiveError(f"archive member {name!r} is not inside a cache <hash>/ directory; refusing the archive")
+    if len(rest) >= 4 and rest[3] == SCRATCH_DIR:  # <hash>/rank_<r>/<prefix>/inductor
+        raise ArchiveError(f"archive member {name!r} is compiler scratch that no digest covers; refusing the archive")
     return "cache", PurePosixPath(*rest)
 
 

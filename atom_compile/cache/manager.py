@@ -24,6 +24,17 @@ from .store import PieceCache, entry_key
 logger = logging.getLogger("atom_compile")
 
 
+def _os_error_in(exc: BaseException) -> Optional[OSError]:
+    """The OSError behind an exception, if any (Inductor wraps the errors of its workers)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 class CompilerManager:
     """Compile-or-load for one backend instance (one traced graph)."""
 
@@ -45,6 +56,25 @@ class CompilerManager:
     @property
     def can_write(self) -> bool:
         return self.cache is not None and self.cache.writable
+
+    def _with_scratch(self, call: Callable[[], Any]) -> Any:
+        """Run a compile or load with Inductor's own files (the CPU libraries an artifact names)
+        beside our artifacts. If writing there fails (a read-only or full disk that we learn of
+        only now), say so once and run again with Inductor's default place."""
+        self.compiler.inductor_dir = str(self.cache.path / "inductor") if self.can_write else None
+        if self.compiler.inductor_dir is None:
+            return call()
+        try:
+            return call()
+        except Exception as exc:
+            error = _os_error_in(exc)
+            if error is None:
+                raise
+            self.cache.write_failed(self.cache.path / "inductor", error)
+            self.compiler.inductor_dir = None
+            return call()
+        finally:
+            self.compiler.inductor_dir = None
 
     # --- the one entry point ---------------------------------------------------------------
 
@@ -84,8 +114,12 @@ class CompilerManager:
                 return fn
 
         start = time.perf_counter()
-        staging = f"staging-{uuid.uuid4().hex}" if self.can_write else None
-        fn, handle = self.compiler.compile(graph, example_inputs, self.compiler_config, runtime_shape, key=staging)
+
+        def compile_piece() -> tuple[Callable, Optional[dict]]:
+            staging = f"staging-{uuid.uuid4().hex}" if self.can_write else None
+            return self.compiler.compile(graph, example_inputs, self.compiler_config, runtime_shape, key=staging)
+
+        fn, handle = self._with_scratch(compile_piece) if self.cache is not None else compile_piece()
         self.compile_seconds += time.perf_counter() - start
         if self.compiler.last_save_error is not None and self.cache is not None:
             self.cache.write_failed(self.cache.path, self.compiler.last_save_error)
@@ -149,7 +183,8 @@ class CompilerManager:
         if problem is None:
             start = time.perf_counter()
             try:
-                fn = self.compiler.load(entry["handle"], graph, example_inputs, graph_index, runtime_shape)
+                fn = self._with_scratch(
+                    lambda: self.compiler.load(entry["handle"], graph, example_inputs, graph_index, runtime_shape))
             except Exception as exc:  # a damaged or foreign artifact must never fail the model
                 problem = f"it does not load ({type(exc).__name__}: {str(exc)[:200]})"
             else:

@@ -248,7 +248,6 @@ class PagedAttentionMetadataBuilder:
             raise ValueError(f"build: {total_rows} rows / {seqs} sequences exceed the builder's "
                              f"{self.max_num_tokens} / {self.max_num_seqs}")
         pad = total_rows - rows
-        d = self.device
         self.input_ids[:total_rows].copy_(torch.tensor(ids + [0] * pad, dtype=torch.long), non_blocking=True)
         self.positions[:total_rows].copy_(torch.tensor(pos + [0] * pad, dtype=torch.long), non_blocking=True)
         self.slot_mapping[:total_rows].copy_(torch.tensor(slots + [-1] * pad, dtype=torch.long), non_blocking=True)
@@ -260,5 +259,4 @@ class PagedAttentionMetadataBuilder:
         meta = self._metadata(total_rows, seqs, rows, num_seqs, max_q, max_k, is_prefill)
         ctx = Context(positions=self.positions[:total_rows], is_prefill=is_prefill, batch_size=num_seqs,
                       running_bs=seqs, running_tokens=total_rows)
-        del d
         return self.input_ids[:total_rows], self.positions[:total_rows], meta, ctx
