@@ -154,6 +154,7 @@ class AtomBackend:
         self.items: list[SplitItem] = []
         self.compile_seconds = 0.0
         self.compiled_callable: Optional[Callable] = None
+        self._copy_indices: Optional[list[int]] = None
 
     # --- torch.compile calls this --------------------------------------------------------
 
@@ -187,9 +188,12 @@ class AtomBackend:
 
         compiler = make_compiler(cc)
         device_type = _device_type(example_inputs)
+        traced = traced_values(gm, example_inputs)
+        copies = cc.cudagraph_copy_inputs and effective_cudagraph_mode(cc) != CUDAGraphMode.NONE
+        self._copy_indices = _symbolic_tensor_indices(traced) if copies else None
         self.factors = keys.build_factors(
             cc, compiler.compute_hash(), device_type, self.traced_files, keys.custom_op_names(gm),
-            keys.graph_digest(gm, traced_values(gm, example_inputs)),
+            keys.graph_digest(gm, traced),
         )
         self.cache_hash = keys.compute_hash(self.factors)
         self.cache = self._open_cache()
@@ -222,8 +226,8 @@ class AtomBackend:
         for item in items:
             self._dump(f"{item.submod_name}.py", item.graph.print_readable(print_output=False))
         fn: Callable = split_gm.forward
-        if cc.cudagraph_copy_inputs and effective_cudagraph_mode(cc) != CUDAGraphMode.NONE:
-            fn = _CopyInputs(fn, _symbolic_tensor_indices(traced_values(gm, example_inputs)))
+        if self._copy_indices is not None:
+            fn = _CopyInputs(fn, self._copy_indices)
         logger.info(
             "atom-compile: %s: %d pieces (%d compiled, %d distinct), %.2fs (compiler %.2fs, loads %.2fs)%s",
             self.prefix, len(items), len(compile_names), len(self.manager._by_content),
@@ -233,22 +237,22 @@ class AtomBackend:
         return self._finish(fn, gm, example_inputs, start)
 
     def _finish(self, fn: Callable, gm: fx.GraphModule, example_inputs: list[Any], start: float) -> Callable:
+        """Record the result; wrapped for saving with the Dynamo function when asked to."""
         self.compile_seconds = time.perf_counter() - start
         self.compiled_callable = fn
         if self.serializable and serializable_base() is not None:
             cls = __getattr__("AtomCompiledFunction")
-            return cls(fn, self.split_gm, self.items, self._state(traced_values(gm, example_inputs)))
+            return cls(fn, self.split_gm, self.items, self._state())
         return fn
 
-    def _state(self, example_inputs: list[Any]) -> dict:
-        cc = self.compilation_config
+    def _state(self) -> dict:
+        """What loading needs besides the graphs: the config, where the pieces are, the copies."""
         return {
             "format": 1,
-            "config": cc.to_dict(),
+            "config": self.compilation_config.to_dict(),
             "prefix": self.prefix,
             "cache_hash": self.cache_hash,
-            "copy_inputs": _symbolic_tensor_indices(example_inputs)
-            if cc.cudagraph_copy_inputs and effective_cudagraph_mode(cc) != CUDAGraphMode.NONE else None,
+            "copy_inputs": self._copy_indices,
         }
 
     def _open_cache(self) -> Optional[PieceCache]:

@@ -109,11 +109,11 @@ _isa_primed = False
 
 
 def prime_cpu_isa() -> None:
-    """Run Inductor's probe of the CPU's vector ISA once, in Inductor's own cache directory.
+    """Run Inductor's probe of the CPU's vector ISA once per process, where Inductor's files go.
 
-    The probe builds a test program into the current cache directory and the process
-    remembers its answer; run inside our cache directory on a full or read-only disk it would
-    fail and leave the whole process compiling scalar code."""
+    The probe builds test programs into the current cache directory (seconds, the first time)
+    and the process remembers its answer even when the build fails, so it must first run
+    where writing works: the manager hands us our directory only after a test write there."""
     global _isa_primed
     if not _isa_primed:
         _isa_primed = True
@@ -170,9 +170,9 @@ class InductorStandaloneAdaptor(CompilerInterface):
         # the general shape, and a concrete size specialises on the real inputs.
         dynamic_shapes = "from_example_inputs" if isinstance(runtime_shape, int) else "from_graph"
         device = _graph_device(example_inputs)
-        if device == "cpu":
-            prime_cpu_isa()
         with torch.no_grad(), inductor_files_in(self.inductor_dir if key is not None else None):
+            if device == "cpu":
+                prime_cpu_isa()
             artifact = torch._inductor.standalone_compile(
                 graph, list(example_inputs), dynamic_shapes=dynamic_shapes,
                 options={"config_patches": patches},
@@ -207,9 +207,9 @@ class InductorStandaloneAdaptor(CompilerInterface):
         from torch._inductor import CompiledArtifact
 
         path = os.path.join(self.cache_dir or "", handle["path"])
-        if handle.get("device", "cpu") == "cpu":
-            prime_cpu_isa()
         with inductor_files_in(self.inductor_dir):
+            if handle.get("device", "cpu") == "cpu":
+                prime_cpu_isa()
             artifact = CompiledArtifact.load(path=path, format="binary")
         return _unwrapped(artifact, bool(handle.get("single_output")))
 

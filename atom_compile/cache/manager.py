@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 import time
 import uuid
 from typing import Any, Callable, Optional
@@ -52,16 +53,36 @@ class CompilerManager:
         self._remove: list[tuple] = []
         self.compile_seconds = 0.0
         self.load_seconds = 0.0
+        self._scratch_checked = False
 
     @property
     def can_write(self) -> bool:
         return self.cache is not None and self.cache.writable
 
+    def _scratch_dir(self) -> Optional[str]:
+        """Our directory for Inductor's files, after one test write there (a read-only or full
+        disk is found here, before Inductor's own probes fail quietly inside it)."""
+        if not self.can_write:
+            return None
+        directory = self.cache.path / "inductor"
+        if not self._scratch_checked:
+            try:
+                directory.mkdir(mode=0o755, exist_ok=True)
+                fd, probe = tempfile.mkstemp(prefix=".probe-", dir=str(directory))
+                os.write(fd, b"ok")
+                os.close(fd)
+                os.unlink(probe)
+            except OSError as exc:
+                self.cache.write_failed(directory, exc)
+                return None
+            self._scratch_checked = True
+        return str(directory)
+
     def _with_scratch(self, call: Callable[[], Any]) -> Any:
         """Run a compile or load with Inductor's own files (the CPU libraries an artifact names)
         beside our artifacts. If writing there fails (a read-only or full disk that we learn of
         only now), say so once and run again with Inductor's default place."""
-        self.compiler.inductor_dir = str(self.cache.path / "inductor") if self.can_write else None
+        self.compiler.inductor_dir = self._scratch_dir()
         if self.compiler.inductor_dir is None:
             return call()
         try:
