@@ -198,6 +198,10 @@ class CompiledDispatcher:
         compiler_factors = _compiler_factors(cc)
         f_globals = cls.forward.__globals__
 
+        # torch >= 2.10 can save a Dynamo-compiled function: compile through aot_compile (its code
+        # runs without guards) and save it, so the next start skips Dynamo too. Older torch, or a
+        # compiler whose artifacts need example inputs to load: torch.compile, keeping the
+        # bytecode Dynamo produces (a bytecode hook) and calling it directly.
         if aot.supported() and compiler_factors is not None:
             fn = aot.try_load(cc, compiler_factors, device_type, prefix, self, args, f_globals)
             if fn is not None:

@@ -14,6 +14,9 @@ import pytest
 # machine and later compiles of an identical graph are cheap (our own counters still count them).
 _INDUCTOR_DIR = tempfile.mkdtemp(prefix="atom-test-inductor-")
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", _INDUCTOR_DIR)
+# Compile in-process: on a 2-core CI machine a pool of compile workers (each importing torch)
+# costs more than it saves, the more so with several test processes at once.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 import torch  # noqa: E402
 

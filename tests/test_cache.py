@@ -160,7 +160,7 @@ def test_read_only_cache_loads_and_warns_on_write(warmed, tmp_path):
     loads = run_job("--cache-root", str(root), "--fail-writes", "readonly")
     assert loads["counters"]["num_inductor_compiles"] == 0 and loads["max_abs_err"] < TOL
     # a config this read-only cache has never seen: compiles, cannot save, stays correct
-    other = run_job("--cache-root", str(root), "--fail-writes", "readonly", "--compile-sizes", "2")
+    other = run_job("--cache-root", str(root), "--fail-writes", "readonly", "--compiler", "eager")
     assert other["max_abs_err"] < TOL
     assert "WARNING" in other["stderr"] and "compiling without the cache" in other["stderr"]
     assert other["counters"]["num_compiled_artifacts_saved"] == 0
@@ -188,6 +188,16 @@ def test_cache_writable_by_others_is_refused(tmp_path):
     assert "writable by group or others" in report["stderr"]
     assert report["counters"]["num_compiled_artifacts_saved"] == 0
     assert report["max_abs_err"] < TOL
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to give a directory away")
+def test_cache_owned_by_another_user_is_refused(tmp_path):
+    root = tmp_path / "root"
+    (root / "torch_compile_cache").mkdir(parents=True, mode=0o755)
+    os.chown(root / "torch_compile_cache", 65534, 65534)
+    report = run_job("--cache-root", str(root), "--compiler", "eager")
+    assert "owned by uid 65534" in report["stderr"]
+    assert report["counters"]["num_compiled_artifacts_saved"] == 0 and report["max_abs_err"] < TOL
 
 
 def test_disable_cache_writes_nothing(tmp_path):
