@@ -3,7 +3,6 @@
 import pytest
 import torch
 
-import atom_compile as ac
 from atom_compile import CompilationConfig, Config, CUDAGraphMode
 from atom_compile.ops.attention import SequenceStep
 from atom_compile.runtime import ModelRunner, capture_ladder, pad_to_bucket, request_bucket

@@ -13,7 +13,7 @@ import atom_compile as ac
 from atom_compile import CompilationConfig, Config, CUDAGraphMode, compilation_counter
 from atom_compile.models import build_model, preset
 from atom_compile.ops.attention import PagedAttentionMetadataBuilder, SequenceStep
-from atom_compile.runtime import ModelRunner, eager_region, graph_pool, token_graph
+from atom_compile.runtime import ModelRunner, eager_region, token_graph
 from atom_compile.runtime import graphs as graphs_module
 
 pytestmark = pytest.mark.cuda

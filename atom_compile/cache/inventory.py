@@ -39,10 +39,10 @@ from .store import (
     INDEX_FILE,
     LAST_USED_FILE,
     IndexInvalid,
+    digest_problem,
     caches_dir,
     hash_dir,
     parse_index,
-    sha256_file,
     trust_problem,
 )
 
@@ -322,17 +322,6 @@ class Damage:
     reason: str
 
 
-def _check_file(path: Path, sha256: Any) -> Optional[str]:
-    if not path.is_file():
-        return "the file is missing"
-    digest = sha256_file(str(path))
-    if digest is None:
-        return "the file cannot be read"
-    if digest != sha256:
-        return f"sha256 is {digest[:12]}..., the index recorded {str(sha256)[:12]}..."
-    return None
-
-
 def _inside(base: Path, rel: str) -> Optional[Path]:
     """`base/rel` if `rel` stays inside `base` (parse_index checked it; belt and braces)."""
     if os.path.isabs(rel) or ".." in PurePosixPath(rel).parts:
@@ -353,7 +342,7 @@ def verify_piece(piece: PieceDir) -> list[Damage]:
             continue
         seen.add(rel)
         path = _inside(piece.path, rel)
-        reason = "path outside the cache" if path is None else _check_file(path, sha256)
+        reason = "path outside the cache" if path is None else digest_problem(path, sha256)
         if reason is not None:
             damage.append(Damage(path or piece.path / rel, reason))
     return damage

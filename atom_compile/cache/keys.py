@@ -21,7 +21,7 @@ import torch.fx as fx
 from .._version import __version__
 from ..config import CompilationConfig
 from ..custom_ops import registered_op
-from .store import FACTORS_FILE, sha256_file  # noqa: F401  (re-exported)
+from .store import sha256_file
 
 # Factor groups that enter the hash. "code.files" enters as the sorted set of digests only.
 HASHED_GROUPS = ("config", "environment", "code", "custom_ops", "graph")

@@ -60,6 +60,18 @@ def sha256_file(path: str) -> Optional[str]:
         return None
 
 
+def digest_problem(path: Path, sha256: Any) -> Optional[str]:
+    """None if `path` is a readable file whose sha256 is `sha256`, else why not."""
+    if not Path(path).is_file():
+        return "the file is missing"
+    digest = sha256_file(str(path))
+    if digest is None:
+        return "the file cannot be read"
+    if digest != sha256:
+        return f"its sha256 is {digest[:12]}..., the index recorded {str(sha256)[:12]}..."
+    return None
+
+
 def _torch_version() -> Optional[str]:
     torch = sys.modules.get("torch")
     return getattr(torch, "__version__", None)
@@ -356,15 +368,7 @@ class PieceCache:
 
     def verify(self, rel: str, sha256: str) -> Optional[str]:
         """None if the artifact exists and matches its digest, else why not."""
-        path = self.artifact_path(rel)
-        if not path.exists():
-            return "the file is missing"
-        digest = sha256_file(str(path))
-        if digest is None:
-            return "the file cannot be read"
-        if digest != sha256:
-            return f"its sha256 is {digest[:12]}..., the index recorded {sha256[:12]}..."
-        return None
+        return digest_problem(self.artifact_path(rel), sha256)
 
     def discard(self, rel: str) -> None:
         if not self.writable:

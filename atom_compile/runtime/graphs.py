@@ -16,7 +16,7 @@ import functools
 import gc
 import logging
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterator, Optional
 
 import torch
