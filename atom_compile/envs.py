@@ -43,3 +43,10 @@ def check_inputs() -> bool:
     """ATOM_COMPILE_CHECK_INPUTS=0 drops the per-call check that a guard-free dispatch still
     matches the traced static sizes (saves about a microsecond a call)."""
     return os.environ.get("ATOM_COMPILE_CHECK_INPUTS", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def log_level() -> str | None:
+    """ATOM_COMPILE_LOG: the log level of the `atom_compile` logger and of the CLI (`debug` also
+    shows the third-party warnings the entry points otherwise filter)."""
+    value = os.environ.get("ATOM_COMPILE_LOG", "").strip().lower()
+    return value or None
