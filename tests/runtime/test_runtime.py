@@ -7,7 +7,7 @@ from atom_compile import CompilationConfig, Config, CUDAGraphMode
 from atom_compile.ops.attention import SequenceStep
 from atom_compile.runtime import ModelRunner, capture_ladder, pad_to_bucket, request_bucket
 from atom_compile.runtime.graphs import TokenGraph
-from llama_helpers import Stepper, tiny
+from support.llama_helpers import Stepper, tiny
 
 
 def test_capture_ladder_and_keys():
