@@ -84,6 +84,25 @@ def _with_eager_region(qualname: str, op_func: Callable) -> Callable:
     return impl
 
 
+def _register_again(qualname: str, schema: str, splitting: bool, eager_region: bool) -> bool:
+    """True if `qualname` is already registered (its marks are updated); a different schema
+    under the same name is a ValueError."""
+    previous = _registered.get(qualname)
+    if previous is None and existing_schema(qualname) is None:
+        return False
+    known = previous.schema if previous is not None else _strip_name(existing_schema(qualname) or "")
+    if known != schema:
+        raise ValueError(
+            f"{qualname} is already registered with schema {known}; "
+            f"refusing to register {schema} under the same name"
+        )
+    if previous is not None:
+        previous.splitting |= splitting
+        previous.eager_region |= eager_region
+    _mark(qualname, splitting, eager_region)
+    return True
+
+
 def direct_register_custom_op(
     op_name: str,
     op_func: Callable,
@@ -115,18 +134,7 @@ def direct_register_custom_op(
     except (ValueError, TypeError) as exc:
         raise ValueError(f"{qualname}: cannot infer a schema from op_func's annotations: {exc}") from None
 
-    previous = _registered.get(qualname)
-    if previous is not None or existing_schema(qualname) is not None:
-        known = previous.schema if previous is not None else _strip_name(existing_schema(qualname) or "")
-        if known != schema:
-            raise ValueError(
-                f"{qualname} is already registered with schema {known}; "
-                f"refusing to register {schema} under the same name"
-            )
-        if previous is not None:
-            previous.splitting |= splitting
-            previous.eager_region |= eager_region
-        _mark(qualname, splitting, eager_region)
+    if _register_again(qualname, schema, splitting, eager_region):
         return getattr(getattr(torch.ops, namespace), op_name)
 
     if fake_impl is None:
