@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Union
 
-from .errors import ConfigError
+from .errors import AtomTypeError, ConfigError
 from .modes import CompilationLevel, CUDAGraphMode
 
 __all__ = [
@@ -365,6 +365,6 @@ def as_compilation_config(cfg: Union[Config, CompilationConfig, Mapping, str, in
         return cfg
     if isinstance(cfg, (Mapping, str, int)) and not isinstance(cfg, bool):
         return Config(compilation_config=CompilationConfig.from_dict(cfg)).compilation_config
-    raise TypeError(
+    raise AtomTypeError(
         f"config: got {type(cfg).__name__}; allowed: Config, CompilationConfig, a dict, a JSON string or a level"
     )

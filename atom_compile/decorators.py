@@ -31,7 +31,7 @@ from .backends import aot
 from .backends.atom_backend import AtomBackend
 from .config import CompilationConfig, CompilationLevel, Config, as_compilation_config
 from .counters import compilation_counter
-from .errors import BufferMutationError, RecompileError
+from .errors import AtomTypeError, AtomValueError, BufferMutationError, RecompileError
 
 logger = logging.getLogger("atom_compile")
 
@@ -78,23 +78,23 @@ def _dynamic_dims(cls: type, dynamic_arg_dims: Optional[dict]) -> dict[str, list
     if dynamic_arg_dims is None:
         dims = {p.name: [0] for p in params if _is_tensor_annotation(p.annotation)}
         if not dims:
-            raise TypeError(
+            raise AtomTypeError(
                 f"@support_torch_compile on {cls.__qualname__}: forward has no torch.Tensor (or "
                 "Optional[torch.Tensor]) argument whose dim 0 could be dynamic; annotate the tensor "
                 "arguments or pass dynamic_arg_dims={'arg': dim}"
             )
         return dims
     if not isinstance(dynamic_arg_dims, dict) or not dynamic_arg_dims:
-        raise TypeError(f"dynamic_arg_dims: got {dynamic_arg_dims!r}; allowed: a non-empty dict arg -> dim | [dims]")
+        raise AtomTypeError(f"dynamic_arg_dims: got {dynamic_arg_dims!r}; allowed: a non-empty dict arg -> dim | [dims]")
     names = {p.name for p in params}
     out = {}
     for name, dims in dynamic_arg_dims.items():
         if name not in names:
-            raise ValueError(f"dynamic_arg_dims: {cls.__qualname__}.forward has no argument {name!r}; "
+            raise AtomValueError(f"dynamic_arg_dims: {cls.__qualname__}.forward has no argument {name!r}; "
                              f"it has {sorted(names)}")
         dims = [dims] if isinstance(dims, int) else list(dims)
         if not dims or not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
-            raise ValueError(f"dynamic_arg_dims[{name!r}]: got {dims!r}; allowed: an int or a list of ints")
+            raise AtomValueError(f"dynamic_arg_dims[{name!r}]: got {dims!r}; allowed: an int or a list of ints")
         out[name] = dims
     return out
 
@@ -113,7 +113,7 @@ def support_torch_compile(
 
     def wrap(cls: type) -> type:
         if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
-            raise TypeError(f"@support_torch_compile: got {cls!r}; allowed: an nn.Module subclass")
+            raise AtomTypeError(f"@support_torch_compile: got {cls!r}; allowed: an nn.Module subclass")
         dims = _dynamic_dims(cls, dynamic_arg_dims)
         if CompiledDispatcher not in cls.__mro__:
             cls.__bases__ = cls.__bases__ + (CompiledDispatcher,)
@@ -295,10 +295,10 @@ def _mark_dynamic(cls: type, arguments: dict, dims: dict[str, list[int]]) -> Non
         for d in arg_dims:
             dim = d if d >= 0 else value.dim() + d
             if not 0 <= dim < value.dim():
-                raise ValueError(f"{cls.__qualname__}.forward: argument {name!r} has {value.dim()} dims; "
+                raise AtomValueError(f"{cls.__qualname__}.forward: argument {name!r} has {value.dim()} dims; "
                                  f"cannot mark dim {d} dynamic")
             if value.shape[dim] < 2:
-                raise ValueError(
+                raise AtomValueError(
                     f"{cls.__qualname__}: the first call traces the general shape, but argument {name!r} "
                     f"has size {value.shape[dim]} on its dynamic dim {d}; Dynamo specialises sizes 0 and 1. "
                     "Make the first call with at least 2 tokens (e.g. the largest capture size)."

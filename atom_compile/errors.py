@@ -39,3 +39,16 @@ class RecompileError(AtomCompileError, RuntimeError):
 
 class IndexInvalid(AtomCompileError, ValueError):
     """A cache index document that does not validate (the message says why)."""
+
+
+class AtomValueError(AtomCompileError, ValueError):
+    """Bad input that is not a config field (a size, a name, an argument): the message names
+    what was given and what is allowed."""
+
+
+class AtomTypeError(AtomCompileError, TypeError):
+    """An argument of the wrong kind (not an nn.Module, not a callable, ...)."""
+
+
+class AtomRuntimeError(AtomCompileError, RuntimeError):
+    """A call that cannot run as asked (no forward context, nothing to load, ...)."""

@@ -21,7 +21,7 @@ import torch.fx as fx
 from ..cache.store import PieceCache, current_rank
 from ..config import CompilationConfig
 from ..counters import compilation_counter
-from ..errors import CacheMiss
+from ..errors import AtomRuntimeError, CacheMiss
 from .inductor import make_compiler
 from .manager import CompilerManager
 from .piecewise import PiecewiseBackend, install
@@ -72,7 +72,7 @@ def __getattr__(name: str) -> Any:
 def _make_compiled_function_class() -> type:
     base = serializable_base()
     if base is None:
-        raise RuntimeError("this torch cannot save a Dynamo function")
+        raise AtomRuntimeError("this torch cannot save a Dynamo function")
 
     class AtomCompiledFunction(_CompiledFunctionBody, base):  # type: ignore[misc,valid-type]
         __doc__ = _CompiledFunctionBody.__doc__

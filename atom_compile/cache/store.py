@@ -30,7 +30,7 @@ import filelock
 
 from .. import envs
 from .._version import __version__
-from ..errors import IndexInvalid
+from ..errors import AtomValueError, IndexInvalid
 
 logger = logging.getLogger("atom_compile")
 
@@ -222,9 +222,9 @@ class PieceCache:
 
     def __init__(self, root: Path, cache_hash: str, rank: int, prefix: str):
         if not HASH_RE.match(cache_hash):
-            raise ValueError(f"cache hash: got {cache_hash!r}; allowed: 16 hex digits")
+            raise AtomValueError(f"cache hash: got {cache_hash!r}; allowed: 16 hex digits")
         if not _PREFIX_RE.match(prefix):
-            raise ValueError(f"prefix: got {prefix!r}; allowed: letters, digits, '_', '.', '-'")
+            raise AtomValueError(f"prefix: got {prefix!r}; allowed: letters, digits, '_', '.', '-'")
         self.root = Path(root)
         self.cache_hash = cache_hash
         self.hash_path = hash_dir(self.root, cache_hash)

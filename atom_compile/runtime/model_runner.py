@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 import torch
 
 from ..config import Config, CUDAGraphMode
+from ..errors import AtomTypeError, AtomValueError
 from ..forward_context import get_forward_context, set_forward_context
 from .buckets import pad_to_bucket, request_bucket
 from .graphs import ReqGraph, TokenGraph, graph_pool_bytes, token_graph_of
@@ -54,7 +55,7 @@ class ModelRunner:
         if isinstance(config, Config):
             config = RuntimeConfig.from_config(config)
         if not isinstance(config, RuntimeConfig):
-            raise TypeError(f"ModelRunner config: got {type(config).__name__}; allowed: Config or RuntimeConfig")
+            raise AtomTypeError(f"ModelRunner config: got {type(config).__name__}; allowed: Config or RuntimeConfig")
         self.model = model
         self.config = config
         self.builder = metadata_builder
@@ -99,11 +100,11 @@ class ModelRunner:
         if self.mode == CUDAGraphMode.NONE or not self.capture_sizes:
             return 0.0, []
         if max(self.capture_sizes) > self.config.max_num_seqs:
-            raise ValueError(f"capture size {max(self.capture_sizes)} exceeds max_num_seqs "
+            raise AtomValueError(f"capture size {max(self.capture_sizes)} exceeds max_num_seqs "
                              f"({self.config.max_num_seqs})")
         modules = self.model.modules() if isinstance(self.model, torch.nn.Module) else [self.model]
         if self.records_token_graphs and not any(getattr(type(m), "_atom_token_graph", False) for m in modules):
-            raise TypeError(f"{type(self.model).__qualname__} has no @token_graph unit: TR_HYBRID needs "
+            raise AtomTypeError(f"{type(self.model).__qualname__} has no @token_graph unit: TR_HYBRID needs "
                             "the model (or a submodule) marked @token_graph")
         start = time.perf_counter()
         sizes = sorted(self.capture_sizes, reverse=True)
