@@ -7,11 +7,14 @@ below reads `os.environ` on its own.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 _TRUE = ("1", "true", "yes", "on")
+
+logger = logging.getLogger("atom_compile")
 
 
 def _flag(name: str) -> bool:
@@ -41,7 +44,8 @@ def compile_disabled() -> bool:
         import torch._dynamo.config as dynamo_config
 
         return bool(dynamo_config.disable)
-    except Exception:  # pragma: no cover
+    except Exception as exc:  # pragma: no cover - a torch without Dynamo
+        logger.debug("atom-compile: cannot read Dynamo's disable flag (%s)", exc)
         return False
 
 
