@@ -25,6 +25,7 @@ _EXPORTS = {
     "Config": ".config",
     "ConfigError": ".config",
     "CUDAGraphMode": ".config",
+    "AtomCompileError": ".errors",
     "CompilationCounter": ".counters",
     "compilation_counter": ".counters",
     "direct_register_custom_op": ".custom_ops",
@@ -71,6 +72,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from .config import CompilationConfig, CompilationLevel, Config, ConfigError, CUDAGraphMode
     from .counters import CompilationCounter, compilation_counter
     from .custom_ops import direct_register_custom_op, mark_splitting_op
+    from .errors import AtomCompileError
     from .decorators import (
         BufferMutationError,
         RecompileError,

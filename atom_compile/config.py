@@ -1,4 +1,4 @@
-"""Compilation levels, CUDA-graph modes and the two configs.
+"""The two configs (the levels and CUDA-graph modes live in modes.py, re-exported here).
 
 `CompilationConfig` holds what the compiler half needs; `Config` is the runtime-facing config
 that runs the level-3 set-up sequence of the seed (splitting ops, capture ladder, graph mode,
@@ -17,6 +17,15 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Union
 
+from .errors import AtomTypeError, ConfigError
+from .modes import CompilationLevel, CUDAGraphMode
+
+__all__ = [
+    "CAPTURE_SIZES_TOKEN", "COMPILERS", "DEFAULT_SPLITTING_OPS", "CompilationConfig", "CompilationLevel",
+    "Config", "ConfigError", "CUDAGraphMode", "as_compilation_config", "default_capture_ladder",
+    "normalize_op_name",
+]
+
 logger = logging.getLogger("atom_compile")
 
 DEFAULT_SPLITTING_OPS = ("aiter.unified_attention_with_output", "aiter.mla_attention")
@@ -25,112 +34,6 @@ CAPTURE_SIZES_TOKEN = "cudagraph_capture_sizes"
 
 # `ns.op`, `ns::op` or `ns::op.overload`
 _OP_NAME = re.compile(r"^[A-Za-z_]\w*(::[A-Za-z_]\w*(\.[A-Za-z_]\w*)?|\.[A-Za-z_]\w*)$")
-
-
-class ConfigError(ValueError):
-    """A config value that is not allowed; the message names field, value and what is allowed."""
-
-    def __init__(self, field_name: str, value: Any, allowed: str):
-        super().__init__(f"{field_name}: got {value!r}; allowed: {allowed}")
-        self.field_name = field_name
-        self.value = value
-
-
-class CompilationLevel(enum.IntEnum):
-    """How torch.compile is applied (DESIGN.md, 'Compilation levels')."""
-
-    NO_COMPILATION = 0
-    DYNAMO_AS_IS = 1
-    DYNAMO_ONCE = 2
-    PIECEWISE = 3
-
-    @classmethod
-    def parse(cls, value: Any, field_name: str = "level") -> "CompilationLevel":
-        """Accept an int 0-3, a member, or a name (ours or vLLM's CompilationMode names)."""
-        allowed = "0 NO_COMPILATION, 1 DYNAMO_AS_IS, 2 DYNAMO_ONCE, 3 PIECEWISE"
-        if isinstance(value, cls):
-            return value
-        if isinstance(value, bool):
-            raise ConfigError(field_name, value, allowed)
-        if isinstance(value, int):
-            try:
-                return cls(value)
-            except ValueError:
-                raise ConfigError(field_name, value, allowed) from None
-        if isinstance(value, str):
-            key = value.strip().upper()
-            if key.isdigit():
-                return cls.parse(int(key), field_name)
-            aliases = {
-                "NONE": cls.NO_COMPILATION,
-                "STOCK_TORCH_COMPILE": cls.DYNAMO_AS_IS,
-                "DYNAMO_TRACE_ONCE": cls.DYNAMO_ONCE,
-                "VLLM_COMPILE": cls.PIECEWISE,
-            }
-            if key in cls.__members__:
-                return cls[key]
-            if key in aliases:
-                return aliases[key]
-        raise ConfigError(field_name, value, allowed)
-
-
-class CUDAGraphMode(enum.Enum):
-    """Which CUDA graphs a step replays; tuple members are (decode mode, mixed mode)."""
-
-    NONE = 0
-    TR_HYBRID = 1
-    FULL = 2
-    # Inside the class body the names above are still their plain values.
-    FULL_DECODE_ONLY = (FULL, NONE)
-    FULL_AND_TR_HYBRID = (FULL, TR_HYBRID)
-
-    @classmethod
-    def parse(cls, value: Any, field_name: str = "cudagraph_mode") -> "CUDAGraphMode":
-        """Accept a member, a value (0, 1, 2, [2, 0], [2, 1]) or a name, case-insensitively.
-
-        vLLM's names are aliases: PIECEWISE is TR_HYBRID, FULL_AND_PIECEWISE is FULL_AND_TR_HYBRID.
-        """
-        allowed = (
-            "NONE, TR_HYBRID (alias PIECEWISE), FULL, FULL_DECODE_ONLY, "
-            "FULL_AND_TR_HYBRID (alias FULL_AND_PIECEWISE), or a value 0, 1, 2, [2, 0], [2, 1]"
-        )
-        if isinstance(value, cls):
-            return value
-        if isinstance(value, str):
-            key = value.strip().upper()
-            key = {"PIECEWISE": "TR_HYBRID", "FULL_AND_PIECEWISE": "FULL_AND_TR_HYBRID"}.get(key, key)
-            if key in cls.__members__:
-                return cls[key]
-            if key.isdigit():
-                return cls.parse(int(key), field_name)
-            raise ConfigError(field_name, value, allowed)
-        if isinstance(value, (list, tuple)) and not isinstance(value, bool):
-            value = tuple(value)
-        if isinstance(value, bool):
-            raise ConfigError(field_name, value, allowed)
-        try:
-            return cls(value)
-        except (ValueError, TypeError):
-            raise ConfigError(field_name, value, allowed) from None
-
-    def separate_routine(self) -> bool:
-        """True for tuple modes: decode and mixed batches take different routines."""
-        return isinstance(self.value, tuple)
-
-    def decode_mode(self) -> "CUDAGraphMode":
-        return CUDAGraphMode(self.value[0]) if self.separate_routine() else self
-
-    def mixed_mode(self) -> "CUDAGraphMode":
-        return CUDAGraphMode(self.value[1]) if self.separate_routine() else self
-
-    def max_cudagraph_mode(self) -> "CUDAGraphMode":
-        return CUDAGraphMode(max(self.value)) if self.separate_routine() else self
-
-    def has_full_cudagraphs(self) -> bool:
-        return self.max_cudagraph_mode() == CUDAGraphMode.FULL
-
-    def uses_tr_hybrid(self) -> bool:
-        return CUDAGraphMode.TR_HYBRID in (self.decode_mode(), self.mixed_mode())
 
 
 def normalize_op_name(name: Any, field_name: str = "splitting_ops") -> str:
@@ -462,6 +365,6 @@ def as_compilation_config(cfg: Union[Config, CompilationConfig, Mapping, str, in
         return cfg
     if isinstance(cfg, (Mapping, str, int)) and not isinstance(cfg, bool):
         return Config(compilation_config=CompilationConfig.from_dict(cfg)).compilation_config
-    raise TypeError(
+    raise AtomTypeError(
         f"config: got {type(cfg).__name__}; allowed: Config, CompilationConfig, a dict, a JSON string or a level"
     )

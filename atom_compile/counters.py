@@ -11,6 +11,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Iterator
 
+from .errors import AtomTypeError
+
 
 @dataclass
 class CompilationCounter:
@@ -51,7 +53,7 @@ class CompilationCounter:
         """Assert that the block changes each named counter by exactly the given amount."""
         unknown = sorted(set(deltas) - set(self.as_dict()))
         if unknown:
-            raise TypeError(f"expect(): unknown counters {unknown}; known: {sorted(self.as_dict())}")
+            raise AtomTypeError(f"expect(): unknown counters {unknown}; known: {sorted(self.as_dict())}")
         before = self.clone()
         yield
         wrong = []

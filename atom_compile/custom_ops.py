@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 import torch
 
+from .errors import AtomTypeError, AtomValueError
 from .forward_context import get_forward_context
 
 logger = logging.getLogger("atom_compile")
@@ -84,6 +85,25 @@ def _with_eager_region(qualname: str, op_func: Callable) -> Callable:
     return impl
 
 
+def _register_again(qualname: str, schema: str, splitting: bool, eager_region: bool) -> bool:
+    """True if `qualname` is already registered (its marks are updated); a different schema
+    under the same name is a ValueError."""
+    previous = _registered.get(qualname)
+    if previous is None and existing_schema(qualname) is None:
+        return False
+    known = previous.schema if previous is not None else _strip_name(existing_schema(qualname) or "")
+    if known != schema:
+        raise AtomValueError(
+            f"{qualname} is already registered with schema {known}; "
+            f"refusing to register {schema} under the same name"
+        )
+    if previous is not None:
+        previous.splitting |= splitting
+        previous.eager_region |= eager_region
+    _mark(qualname, splitting, eager_region)
+    return True
+
+
 def direct_register_custom_op(
     op_name: str,
     op_func: Callable,
@@ -104,35 +124,24 @@ def direct_register_custom_op(
     an existing name is a ValueError.
     """
     if not isinstance(op_name, str) or not _IDENT.match(op_name):
-        raise ValueError(f"op_name: got {op_name!r}; allowed: a Python identifier (no namespace)")
+        raise AtomValueError(f"op_name: got {op_name!r}; allowed: a Python identifier (no namespace)")
     if not callable(op_func):
-        raise TypeError(f"op_func: got {type(op_func).__name__}; allowed: a callable")
+        raise AtomTypeError(f"op_func: got {type(op_func).__name__}; allowed: a callable")
     lib = target_lib if target_lib is not None else _library(DEFAULT_NAMESPACE)
     namespace = getattr(lib, "ns", DEFAULT_NAMESPACE)
     qualname = f"{namespace}::{op_name}"
     try:
         schema = torch.library.infer_schema(op_func, mutates_args=list(mutates_args))
     except (ValueError, TypeError) as exc:
-        raise ValueError(f"{qualname}: cannot infer a schema from op_func's annotations: {exc}") from None
+        raise AtomValueError(f"{qualname}: cannot infer a schema from op_func's annotations: {exc}") from None
 
-    previous = _registered.get(qualname)
-    if previous is not None or existing_schema(qualname) is not None:
-        known = previous.schema if previous is not None else _strip_name(existing_schema(qualname) or "")
-        if known != schema:
-            raise ValueError(
-                f"{qualname} is already registered with schema {known}; "
-                f"refusing to register {schema} under the same name"
-            )
-        if previous is not None:
-            previous.splitting |= splitting
-            previous.eager_region |= eager_region
-        _mark(qualname, splitting, eager_region)
+    if _register_again(qualname, schema, splitting, eager_region):
         return getattr(getattr(torch.ops, namespace), op_name)
 
     if fake_impl is None:
         returns = schema.split("->", 1)[1].strip()
         if returns not in ("()", "None"):
-            raise ValueError(f"{qualname} returns {returns}: give a fake_impl so Dynamo can trace it")
+            raise AtomValueError(f"{qualname} returns {returns}: give a fake_impl so Dynamo can trace it")
 
         def fake_impl(*args: Any, **kwargs: Any) -> None:
             return None

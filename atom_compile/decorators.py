@@ -10,7 +10,7 @@
 Levels 0 and 1 call `forward` directly. At levels 2 and 3 the first call marks the dynamic
 dimensions, compiles through `backend(cfg)` and keeps the code Dynamo produced; every later
 call runs that code directly, so no guard is evaluated. Where torch can save the Dynamo
-function, the next process loads it and skips Dynamo as well (cache/aot.py).
+function, the next process loads it and skips Dynamo as well (backends/aot.py).
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ from typing import Any, Callable, Iterator, Optional, Union
 import torch
 
 from . import envs
+from .backends import aot
 from .backends.atom_backend import AtomBackend
-from .cache import aot
 from .config import CompilationConfig, CompilationLevel, Config, as_compilation_config
 from .counters import compilation_counter
+from .errors import AtomTypeError, AtomValueError, BufferMutationError, RecompileError
 
 logger = logging.getLogger("atom_compile")
 
@@ -40,14 +41,6 @@ _current_config: contextvars.ContextVar[Optional[Any]] = contextvars.ContextVar(
     "atom_compile_current_config", default=None
 )
 _logged_no_config: set[str] = set()
-
-
-class BufferMutationError(RuntimeError):
-    """A compiled forward rebinds a registered buffer (silently skipped under CUDA graphs)."""
-
-
-class RecompileError(RuntimeError):
-    """A call that the compiled code was not traced for (it would need a new graph)."""
 
 
 @contextlib.contextmanager
@@ -85,23 +78,23 @@ def _dynamic_dims(cls: type, dynamic_arg_dims: Optional[dict]) -> dict[str, list
     if dynamic_arg_dims is None:
         dims = {p.name: [0] for p in params if _is_tensor_annotation(p.annotation)}
         if not dims:
-            raise TypeError(
+            raise AtomTypeError(
                 f"@support_torch_compile on {cls.__qualname__}: forward has no torch.Tensor (or "
                 "Optional[torch.Tensor]) argument whose dim 0 could be dynamic; annotate the tensor "
                 "arguments or pass dynamic_arg_dims={'arg': dim}"
             )
         return dims
     if not isinstance(dynamic_arg_dims, dict) or not dynamic_arg_dims:
-        raise TypeError(f"dynamic_arg_dims: got {dynamic_arg_dims!r}; allowed: a non-empty dict arg -> dim | [dims]")
+        raise AtomTypeError(f"dynamic_arg_dims: got {dynamic_arg_dims!r}; allowed: a non-empty dict arg -> dim | [dims]")
     names = {p.name for p in params}
     out = {}
     for name, dims in dynamic_arg_dims.items():
         if name not in names:
-            raise ValueError(f"dynamic_arg_dims: {cls.__qualname__}.forward has no argument {name!r}; "
+            raise AtomValueError(f"dynamic_arg_dims: {cls.__qualname__}.forward has no argument {name!r}; "
                              f"it has {sorted(names)}")
         dims = [dims] if isinstance(dims, int) else list(dims)
         if not dims or not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
-            raise ValueError(f"dynamic_arg_dims[{name!r}]: got {dims!r}; allowed: an int or a list of ints")
+            raise AtomValueError(f"dynamic_arg_dims[{name!r}]: got {dims!r}; allowed: an int or a list of ints")
         out[name] = dims
     return out
 
@@ -120,7 +113,7 @@ def support_torch_compile(
 
     def wrap(cls: type) -> type:
         if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
-            raise TypeError(f"@support_torch_compile: got {cls!r}; allowed: an nn.Module subclass")
+            raise AtomTypeError(f"@support_torch_compile: got {cls!r}; allowed: an nn.Module subclass")
         dims = _dynamic_dims(cls, dynamic_arg_dims)
         if CompiledDispatcher not in cls.__mro__:
             cls.__bases__ = cls.__bases__ + (CompiledDispatcher,)
@@ -171,6 +164,11 @@ class CompiledDispatcher:
         self.do_not_compile = (
             ignored or not enabled or self._atom_cc.level < CompilationLevel.DYNAMO_ONCE
         )
+        # The environment, read once here (only where a compile may follow: reading it imports
+        # Dynamo's config, which a level-0 model should not pay for).
+        self._atom_env: Optional[envs.Environment] = (
+            None if self.do_not_compile else envs.read(self._atom_cc.cache_dir)
+        )
 
     # The class's __call__: keep it short, it runs every step.
     def _atom_call(self, *args: Any, **kwargs: Any) -> Any:
@@ -181,7 +179,9 @@ class CompiledDispatcher:
             return dispatch(self, *args, **kwargs)
         if self.do_not_compile or torch.compiler.is_compiling():
             return self.forward(*args, **kwargs)
-        if envs.compile_disabled() or getattr(type(self).forward, "_torchdynamo_disable", False):
+        if self._atom_env is None:  # do_not_compile was switched off after construction
+            self._atom_env = envs.read(self._atom_cc.cache_dir)
+        if self._atom_env.compile_disabled or getattr(type(self).forward, "_torchdynamo_disable", False):
             logger.info("atom-compile: compilation disabled (ATOM_COMPILE_DISABLE / TORCHDYNAMO_DISABLE / "
                         "torch.compiler.disable): %s runs eagerly", type(self).__qualname__)
             self.do_not_compile = True
@@ -203,12 +203,14 @@ class CompiledDispatcher:
         # compiler whose artifacts need example inputs to load: torch.compile, keeping the
         # bytecode Dynamo produces (a bytecode hook) and calling it directly.
         if aot.supported() and compiler_factors is not None:
-            fn = aot.try_load(cc, compiler_factors, device_type, prefix, self, args, f_globals)
+            fn = aot.try_load(cc, compiler_factors, device_type, prefix, self, args, f_globals,
+                              self._atom_env.cache_root)
             if fn is not None:
                 _check_code(fn.__code__, cls)
                 return self._atom_start_dispatch(fn, args, kwargs)
             backend = AtomBackend(self.atom_config if self.atom_config is not None else cc, prefix,
-                                  extra_traced_files=[inspect.getfile(cls)], serializable=True)
+                                  extra_traced_files=[inspect.getfile(cls)], serializable=True,
+                                  environment=self._atom_env)
             # torch.compile(...).aot_compile exists only while Dynamo's enable_aot_compile is on
             # (off by default before torch 2.12).
             with torch._dynamo.config.patch(enable_aot_compile=True):
@@ -228,7 +230,7 @@ class CompiledDispatcher:
                 else:
                     fn = compiled.fn
                     _check_code(fn.__code__, cls)
-                    aot.save(compiled, backend, cc, compiler_factors, device_type, prefix, self, args)
+                    aot.save(compiled, backend.result, cc, compiler_factors, device_type, prefix, self, args)
                     self._atom_backend = backend
                     return self._atom_start_dispatch(fn, args, kwargs)
         return self._atom_compile_with_hook(args, kwargs, prefix)
@@ -237,7 +239,7 @@ class CompiledDispatcher:
         """torch.compile, keeping the bytecode Dynamo produced for forward (older torch)."""
         cls = type(self)
         backend = AtomBackend(self.atom_config if self.atom_config is not None else self._atom_cc, prefix,
-                              extra_traced_files=[inspect.getfile(cls)])
+                              extra_traced_files=[inspect.getfile(cls)], environment=self._atom_env)
         original = cls.forward.__code__
         captured: list[types.CodeType] = []
 
@@ -262,12 +264,12 @@ class CompiledDispatcher:
         fn = types.FunctionType(code, fwd.__globals__, fwd.__name__, fwd.__defaults__, fwd.__closure__)
         fn.__kwdefaults__ = fwd.__kwdefaults__
         self._atom_dispatch = fn
-        self._atom_checks = _input_checks(args) if envs.check_inputs() else ()
+        self._atom_checks = _input_checks(args) if self._atom_env.check_inputs else ()
         return out
 
     def _atom_start_dispatch(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
         self._atom_dispatch = fn
-        self._atom_checks = _input_checks(args) if envs.check_inputs() else ()
+        self._atom_checks = _input_checks(args) if self._atom_env.check_inputs else ()
         return fn(self, *args, **kwargs)
 
 
@@ -293,10 +295,10 @@ def _mark_dynamic(cls: type, arguments: dict, dims: dict[str, list[int]]) -> Non
         for d in arg_dims:
             dim = d if d >= 0 else value.dim() + d
             if not 0 <= dim < value.dim():
-                raise ValueError(f"{cls.__qualname__}.forward: argument {name!r} has {value.dim()} dims; "
+                raise AtomValueError(f"{cls.__qualname__}.forward: argument {name!r} has {value.dim()} dims; "
                                  f"cannot mark dim {d} dynamic")
             if value.shape[dim] < 2:
-                raise ValueError(
+                raise AtomValueError(
                     f"{cls.__qualname__}: the first call traces the general shape, but argument {name!r} "
                     f"has size {value.shape[dim]} on its dynamic dim {d}; Dynamo specialises sizes 0 and 1. "
                     "Make the first call with at least 2 tokens (e.g. the largest capture size)."

@@ -1,11 +1,20 @@
-"""Every environment variable atom-compile reads, read here and nowhere else."""
+"""Every environment variable atom-compile reads, read here and nowhere else.
+
+The entry points (`backend(cfg)`, the decorator when a model is built, the CLI's main) call
+`read()` once; the `Environment` it returns travels with the backend and the model, so no room
+below reads `os.environ` on its own.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 _TRUE = ("1", "true", "yes", "on")
+
+logger = logging.getLogger("atom_compile")
 
 
 def _flag(name: str) -> bool:
@@ -35,7 +44,8 @@ def compile_disabled() -> bool:
         import torch._dynamo.config as dynamo_config
 
         return bool(dynamo_config.disable)
-    except Exception:  # pragma: no cover
+    except Exception as exc:  # pragma: no cover - a torch without Dynamo
+        logger.debug("atom-compile: cannot read Dynamo's disable flag (%s)", exc)
         return False
 
 
@@ -50,3 +60,36 @@ def log_level() -> str | None:
     shows the third-party warnings the entry points otherwise filter)."""
     value = os.environ.get("ATOM_COMPILE_LOG", "").strip().lower()
     return value or None
+
+
+def cache_root(cache_dir: str = "") -> Path:
+    """`cache_dir` if set, else $ATOM_COMPILE_CACHE_ROOT, else $XDG_CACHE_HOME/atom (~/.cache/atom)."""
+    if cache_dir:
+        return Path(cache_dir).expanduser()
+    override = cache_root_override()
+    if override:
+        return Path(override).expanduser()
+    return xdg_cache_home() / "atom"
+
+
+@dataclass(frozen=True)
+class Environment:
+    """The environment as one entry point read it. `cache_root` is None when the cache is
+    disabled (ATOM_COMPILE_DISABLE_CACHE)."""
+
+    cache_root: Path | None
+    check_inputs: bool = True
+    compile_disabled: bool = False
+
+    @property
+    def cache_disabled(self) -> bool:
+        return self.cache_root is None
+
+
+def read(cache_dir: str = "") -> Environment:
+    """Read every variable once; `cache_dir` (the config's) wins over the environment's root."""
+    return Environment(
+        cache_root=None if cache_disabled() else cache_root(cache_dir),
+        check_inputs=check_inputs(),
+        compile_disabled=compile_disabled(),
+    )

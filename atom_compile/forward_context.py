@@ -16,6 +16,8 @@ from typing import Any, Literal, Optional
 
 import torch
 
+from .errors import AtomValueError
+
 TokenGraphState = Optional[Literal["record", "replay"]]
 
 
@@ -96,7 +98,7 @@ def set_forward_context(
     (`static_forward_context`) unless `no_compile_layers` is given.
     """
     if tr_graph not in (None, "record", "replay"):
-        raise ValueError(f"tr_graph: got {tr_graph!r}; allowed: None, 'record', 'replay'")
+        raise AtomValueError(f"tr_graph: got {tr_graph!r}; allowed: None, 'record', 'replay'")
     if no_compile_layers is None:
         cc = getattr(config, "compilation_config", config)
         no_compile_layers = getattr(cc, "static_forward_context", None) or {}

@@ -65,15 +65,14 @@ class Recorder:
 
 def _recording_backends() -> list[Recorder]:
     recorders: list[Recorder] = []
-    original = atom_backend.AtomBackend._finish
+    original = atom_backend.AtomBackend.__call__
 
-    def finish(self, fn, gm, example_inputs, start):
-        out = original(self, fn, gm, example_inputs, start)
-        rec = Recorder(out)
+    def call(self, gm, example_inputs):
+        rec = Recorder(original(self, gm, example_inputs))
         recorders.append(rec)
         return rec
 
-    atom_backend.AtomBackend._finish = finish
+    atom_backend.AtomBackend.__call__ = call
     return recorders
 
 

@@ -1,5 +1,6 @@
 """Shared fixtures: an isolated cache root per test, one Inductor cache per session, the
-`silly::attention` test op, and the `cuda` marker."""
+`silly::attention` test op, and the `cuda` marker. Helpers shared by several test files
+(run_job, the Llama stepper) are in tests/support/."""
 
 from __future__ import annotations
 
@@ -7,6 +8,12 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+
+# Tests live in folders that mirror the package's rooms; their shared helpers are the `support`
+# package beside this file, importable however pytest was started (root, a folder, one file).
+TESTS = Path(__file__).parent
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
 
 import pytest
 
@@ -21,9 +28,6 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 import torch  # noqa: E402
 
 import atom_compile as ac  # noqa: E402
-
-TESTS = Path(__file__).parent
-
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
@@ -57,19 +61,3 @@ def silly_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
 
 _silly_lib = torch.library.Library("silly", "FRAGMENT")
 ac.direct_register_custom_op("attention", silly_attention, mutates_args=["out"], target_lib=_silly_lib)
-
-
-def run_job(*args: str, env: dict | None = None, timeout: int = 600) -> dict:
-    """Run tests/_job.py in a fresh process; return its JSON report."""
-    import json
-    import subprocess
-
-    full_env = dict(os.environ)
-    full_env.update(env or {})
-    proc = subprocess.run([sys.executable, str(TESTS / "_job.py"), *args], capture_output=True, text=True,
-                          env=full_env, timeout=timeout)
-    if proc.returncode != 0:
-        raise AssertionError(f"job failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
-    report["stderr"] = proc.stderr
-    return report

@@ -8,7 +8,7 @@ from torch import nn
 
 import atom_compile as ac
 from atom_compile import CompilationConfig, Config, compilation_counter
-from atom_compile.cache import aot
+from atom_compile.backends import aot
 
 
 def _cfg(level=3, **kw):

@@ -1,1 +1,2 @@
-"""The compiler half: adaptors, graph splitting, piecewise compilation and the backend."""
+"""The compiler: adaptors, graph splitting, piecewise compilation, the compile-or-load manager,
+saving/loading Dynamo functions, and the backend."""

@@ -8,6 +8,7 @@ from typing import Any, Callable, Optional
 import torch.fx as fx
 
 from ..counters import compilation_counter
+from ..errors import AtomRuntimeError
 
 # A handle is a small JSON-able dict that `load` understands, e.g. {"path": "artifacts/<key>.bin"}
 # (paths relative to the cache directory, so a cache can be moved).
@@ -56,7 +57,7 @@ class CompilerInterface(abc.ABC):
         runtime_shape: Optional[int] = None,
     ) -> Callable:
         """Rebuild the callable from a handle returned by `compile` (in this or another process)."""
-        raise RuntimeError(f"the {self.name} compiler saves no artifacts: there is nothing to load")
+        raise AtomRuntimeError(f"the {self.name} compiler saves no artifacts: there is nothing to load")
 
     # Whether `load` works without example inputs (needed to skip Dynamo on a warm start).
     loads_without_inputs: bool = False

@@ -11,7 +11,7 @@ import torch.fx as fx
 from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-from ..cache.manager import CompilerManager
+from .manager import CompilerManager
 
 logger = logging.getLogger("atom_compile")
 

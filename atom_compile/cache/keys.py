@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import platform
 import sys
 from typing import Any, Iterable, Optional
@@ -22,6 +23,8 @@ from .._version import __version__
 from ..config import CompilationConfig
 from ..custom_ops import registered_op
 from .store import sha256_file
+
+logger = logging.getLogger("atom_compile")
 
 # Factor groups that enter the hash. "code.files" enters as the sorted set of digests only.
 HASHED_GROUPS = ("config", "environment", "code", "custom_ops", "graph")
@@ -37,7 +40,8 @@ def environment_factors(compiler_factors: dict[str, Any], device_type: str) -> d
         import triton  # noqa: F401
 
         triton_version = getattr(triton, "__version__", "unknown")
-    except Exception:
+    except Exception as exc:  # absent, or broken on this machine: no triton factor
+        logger.debug("atom-compile: triton not importable (%s: %s)", type(exc).__name__, exc)
         triton_version = None
     device = platform.machine()
     if device_type == "cuda" and torch.cuda.is_available():

@@ -30,6 +30,7 @@ import filelock
 
 from .. import envs
 from .._version import __version__
+from ..errors import AtomValueError, IndexInvalid
 
 logger = logging.getLogger("atom_compile")
 
@@ -90,13 +91,9 @@ def open_cache_paths() -> list[str]:
 
 
 def cache_root(cache_dir: str = "") -> Path:
-    """`cache_dir` if set, else $ATOM_COMPILE_CACHE_ROOT, else $XDG_CACHE_HOME/atom (~/.cache/atom)."""
-    if cache_dir:
-        return Path(cache_dir).expanduser()
-    override = envs.cache_root_override()
-    if override:
-        return Path(override).expanduser()
-    return envs.xdg_cache_home() / "atom"
+    """`cache_dir` if set, else $ATOM_COMPILE_CACHE_ROOT, else $XDG_CACHE_HOME/atom (~/.cache/atom).
+    For the entry points (the CLI); the compiler gets its root from `envs.read()`."""
+    return envs.cache_root(cache_dir)
 
 
 def current_rank() -> int:
@@ -106,8 +103,8 @@ def current_rank() -> int:
 
         if dist.is_available() and dist.is_initialized():
             return dist.get_rank()
-    except Exception:  # pragma: no cover
-        pass
+    except Exception as exc:  # pragma: no cover - a half-initialised process group
+        logger.debug("atom-compile: cannot read the distributed rank (%s); using rank 0", exc)
     return 0
 
 
@@ -117,10 +114,6 @@ def caches_dir(root: Path) -> Path:
 
 def hash_dir(root: Path, cache_hash: str) -> Path:
     return caches_dir(root) / cache_hash
-
-
-class IndexInvalid(Exception):
-    pass
 
 
 def _check_rel_path(rel: Any) -> str:
@@ -229,9 +222,9 @@ class PieceCache:
 
     def __init__(self, root: Path, cache_hash: str, rank: int, prefix: str):
         if not HASH_RE.match(cache_hash):
-            raise ValueError(f"cache hash: got {cache_hash!r}; allowed: 16 hex digits")
+            raise AtomValueError(f"cache hash: got {cache_hash!r}; allowed: 16 hex digits")
         if not _PREFIX_RE.match(prefix):
-            raise ValueError(f"prefix: got {prefix!r}; allowed: letters, digits, '_', '.', '-'")
+            raise AtomValueError(f"prefix: got {prefix!r}; allowed: letters, digits, '_', '.', '-'")
         self.root = Path(root)
         self.cache_hash = cache_hash
         self.hash_path = hash_dir(self.root, cache_hash)

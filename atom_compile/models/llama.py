@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ..decorators import get_current_config, support_torch_compile
+from ..errors import AtomValueError
 from ..ops import attention as _attention  # noqa: F401  (registers aiter::unified_attention_with_output)
 from ..runtime.graphs import token_graph
 
@@ -49,7 +50,7 @@ PRESETS: dict[str, LlamaConfig] = {
 def preset(name: str, **overrides: Any) -> LlamaConfig:
     """A named preset, with fields overridden (e.g. num_layers=32)."""
     if name not in PRESETS:
-        raise ValueError(f"model preset: got {name!r}; allowed: {', '.join(sorted(PRESETS))}")
+        raise AtomValueError(f"model preset: got {name!r}; allowed: {', '.join(sorted(PRESETS))}")
     return dataclasses.replace(PRESETS[name], **overrides)
 
 
@@ -190,7 +191,7 @@ class LlamaForCausalLM(nn.Module):
             return
         for name, layer in self.no_compile_layers.items():
             if registry.get(name, layer) is not layer:
-                raise ValueError(f"attention layer name {name!r} is already registered in this config by "
+                raise AtomValueError(f"attention layer name {name!r} is already registered in this config by "
                                  "another model; give the second model another prefix")
             registry[name] = layer
 

@@ -20,6 +20,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from ..custom_ops import direct_register_custom_op, existing_schema
+from ..errors import AtomRuntimeError, AtomValueError
 from ..forward_context import Context, get_forward_context
 
 logger = logging.getLogger("atom_compile")
@@ -128,7 +129,7 @@ def unified_attention_with_output(
     ctx = get_forward_context()
     layer = ctx.no_compile_layers.get(layer_name)
     if layer is None:
-        raise RuntimeError(
+        raise AtomRuntimeError(
             f"attention layer {layer_name!r} is not in the forward context's no_compile_layers; "
             "run the model inside set_forward_context(attn_metadata, config) with the config it was built with"
         )
@@ -137,7 +138,7 @@ def unified_attention_with_output(
         meta = meta[layer_name]
     kv_cache = getattr(layer, "kv_cache", None)
     if meta is None or kv_cache is None:
-        raise RuntimeError(
+        raise AtomRuntimeError(
             f"attention layer {layer_name!r} has no attention metadata or KV cache in this step; "
             "allocate the cache (model.allocate_kv_cache) and set the step's metadata"
         )
@@ -217,9 +218,9 @@ class PagedAttentionMetadataBuilder:
         context) as views of the persistent buffers."""
         num_seqs = len(steps)
         if num_seqs == 0:
-            raise ValueError("build: a step needs at least one sequence")
+            raise AtomValueError("build: a step needs at least one sequence")
         if num_seqs > self.max_num_seqs:
-            raise ValueError(f"build: {num_seqs} sequences; this builder holds at most {self.max_num_seqs}")
+            raise AtomValueError(f"build: {num_seqs} sequences; this builder holds at most {self.max_num_seqs}")
         ids, pos, slots, seq_idx = [], [], [], []
         max_q = max_k = 0
         tables = torch.zeros(num_seqs, self.max_blocks_per_seq, dtype=torch.int32)
@@ -229,9 +230,9 @@ class PagedAttentionMetadataBuilder:
             n = len(step.token_ids)
             end = step.start_pos + n
             if end > len(step.block_table) * self.block_size:
-                raise ValueError(f"sequence {s}: {end} positions need more than its {len(step.block_table)} blocks")
+                raise AtomValueError(f"sequence {s}: {end} positions need more than its {len(step.block_table)} blocks")
             if len(step.block_table) > self.max_blocks_per_seq:
-                raise ValueError(f"sequence {s}: {len(step.block_table)} blocks; at most {self.max_blocks_per_seq}")
+                raise AtomValueError(f"sequence {s}: {len(step.block_table)} blocks; at most {self.max_blocks_per_seq}")
             ids.extend(step.token_ids)
             pos.extend(range(step.start_pos, end))
             slots.extend(step.block_table[p // self.block_size] * self.block_size + p % self.block_size
@@ -245,7 +246,7 @@ class PagedAttentionMetadataBuilder:
         seqs = max(num_seqs, padded_num_seqs or 0)
         total_rows = max(rows, padded_rows or 0, seqs * max_q if padded_num_seqs else 0)
         if total_rows > self.max_num_tokens or seqs > self.max_num_seqs:
-            raise ValueError(f"build: {total_rows} rows / {seqs} sequences exceed the builder's "
+            raise AtomValueError(f"build: {total_rows} rows / {seqs} sequences exceed the builder's "
                              f"{self.max_num_tokens} / {self.max_num_seqs}")
         pad = total_rows - rows
         self.input_ids[:total_rows].copy_(torch.tensor(ids + [0] * pad, dtype=torch.long), non_blocking=True)

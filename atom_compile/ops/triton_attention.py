@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..errors import AtomValueError
+
 KEYS_PER_SPLIT = 256
 BLOCK_N = 64
 
@@ -93,7 +95,7 @@ def triton_paged_attention(query, k_cache, v_cache, output, meta, scale: float) 
     num_kv_heads = k_cache.shape[2]
     block_size = k_cache.shape[1]
     if k_cache.stride(3) != 1 or v_cache.stride() != k_cache.stride():
-        raise ValueError("triton_paged_attention: the KV cache must be [blocks, block_size, kv_heads, dim], dim contiguous")
+        raise AtomValueError("triton_paged_attention: the KV cache must be [blocks, block_size, kv_heads, dim], dim contiguous")
     if query.stride(2) != 1:
         query = query.contiguous()
     target = output if output.stride(2) == 1 else torch.empty_like(output, memory_format=torch.contiguous_format)

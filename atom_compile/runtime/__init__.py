@@ -12,9 +12,10 @@ from .graphs import (
     token_graph_of,
 )
 from .model_runner import ModelRunner
+from .runtime_config import RuntimeConfig
 
 __all__ = [
-    "ModelRunner", "ReqGraph", "TokenGraph", "capture_ladder", "eager_region", "graph_pool",
+    "ModelRunner", "ReqGraph", "RuntimeConfig", "TokenGraph", "capture_ladder", "eager_region", "graph_pool",
     "pad_for_data_parallel", "pad_to_bucket", "register_drain_hook", "request_bucket", "token_graph",
     "token_graph_of",
 ]

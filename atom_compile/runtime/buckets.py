@@ -8,6 +8,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from ..config import CompilationConfig, default_capture_ladder
+from ..errors import AtomValueError
 
 
 def capture_ladder(cc: CompilationConfig, max_num_seqs: Optional[int] = None) -> list[int]:
@@ -23,7 +24,7 @@ def capture_ladder(cc: CompilationConfig, max_num_seqs: Optional[int] = None) ->
     if max_num_seqs is not None:
         too_big = [s for s in sizes if s > max_num_seqs]
         if too_big:
-            raise ValueError(f"capture sizes {too_big} exceed max_num_seqs ({max_num_seqs})")
+            raise AtomValueError(f"capture sizes {too_big} exceed max_num_seqs ({max_num_seqs})")
     return sorted(set(sizes))
 
 

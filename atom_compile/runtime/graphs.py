@@ -22,6 +22,7 @@ from typing import Any, Callable, Hashable, Iterator, Optional
 import torch
 
 from ..counters import compilation_counter
+from ..errors import AtomTypeError, AtomValueError
 from ..forward_context import get_forward_context, push_forward_context
 
 logger = logging.getLogger("atom_compile")
@@ -175,7 +176,7 @@ def _static_copy(result: Any, name: str) -> Any:
         return result.clone()
     if isinstance(result, (tuple, list)) and all(isinstance(r, torch.Tensor) for r in result):
         return type(result)(r.clone() for r in result)
-    raise TypeError(f"eager region {name or '?'} returned {type(result).__name__}; an eager region must "
+    raise AtomTypeError(f"eager region {name or '?'} returned {type(result).__name__}; an eager region must "
                     "return None (it mutates its outputs), a tensor, or a tuple of tensors")
 
 
@@ -202,7 +203,7 @@ class TokenGraph:
     def captured_sizes(self, phase: str) -> list[int]:
         """The token buckets a step of `phase` ("prefill" or "decode") can replay."""
         if phase not in self._phase_sizes:
-            raise ValueError(f"phase: got {phase!r}; allowed: 'prefill', 'decode'")
+            raise AtomValueError(f"phase: got {phase!r}; allowed: 'prefill', 'decode'")
         return sorted(self._phase_sizes[phase])
 
     def has(self, rows: int, phase: str) -> bool:

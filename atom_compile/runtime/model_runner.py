@@ -16,14 +16,16 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import torch
 
 from ..config import Config, CUDAGraphMode
+from ..errors import AtomTypeError, AtomValueError
 from ..forward_context import get_forward_context, set_forward_context
 from .buckets import pad_to_bucket, request_bucket
 from .graphs import ReqGraph, TokenGraph, graph_pool_bytes, token_graph_of
+from .runtime_config import RuntimeConfig
 
 if TYPE_CHECKING:
     from ..ops.attention import SequenceStep
@@ -37,22 +39,27 @@ def _rank0() -> bool:
         import torch.distributed as dist
 
         return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
-    except Exception:  # pragma: no cover
+    except Exception as exc:  # pragma: no cover - a half-initialised process group
+        logger.debug("atom-compile: cannot read the distributed rank (%s); acting as rank 0", exc)
         return True
 
 
 class ModelRunner:
     """Capture and replay for one model. `model(input_ids, positions) -> hidden_states` and
     `model.compute_logits(hidden)`; `metadata_builder` makes attention metadata for capture
-    batches (`build_for_capture`) and real steps (`build`) in buffers at fixed addresses."""
+    batches (`build_for_capture`) and real steps (`build`) in buffers at fixed addresses.
+    `config` is a Config (turned into a RuntimeConfig here) or a RuntimeConfig."""
 
-    def __init__(self, model: Any, config: Config, metadata_builder: Any):
+    def __init__(self, model: Any, config: Union[Config, RuntimeConfig], metadata_builder: Any):
         global _said_no_cuda
+        if isinstance(config, Config):
+            config = RuntimeConfig.from_config(config)
+        if not isinstance(config, RuntimeConfig):
+            raise AtomTypeError(f"ModelRunner config: got {type(config).__name__}; allowed: Config or RuntimeConfig")
         self.model = model
         self.config = config
         self.builder = metadata_builder
-        cc = config.compilation_config
-        mode = cc.cudagraph_mode if cc.cudagraph_mode is not None else CUDAGraphMode.NONE
+        mode = config.cudagraph_mode
         if config.enforce_eager:
             mode = CUDAGraphMode.NONE
         if mode != CUDAGraphMode.NONE and not torch.cuda.is_available():
@@ -61,11 +68,11 @@ class ModelRunner:
                 logger.info("atom-compile: no CUDA or ROCm device: cudagraph_mode %s runs as NONE", mode.name)
             mode = CUDAGraphMode.NONE
         self.mode = mode
-        self.capture_sizes = list(config.capture_sizes or [])
+        self.capture_sizes = list(config.capture_sizes)
         self.max_q_len = config.max_q_len
         self.req_graph = ReqGraph()
         self.graphed_sizes: list[int] = []
-        self.no_compile_layers = getattr(model, "no_compile_layers", None) or cc.static_forward_context
+        self.no_compile_layers = getattr(model, "no_compile_layers", None) or config.no_compile_layers
 
     # --- what a step replays ---------------------------------------------------------------
 
@@ -93,11 +100,11 @@ class ModelRunner:
         if self.mode == CUDAGraphMode.NONE or not self.capture_sizes:
             return 0.0, []
         if max(self.capture_sizes) > self.config.max_num_seqs:
-            raise ValueError(f"capture size {max(self.capture_sizes)} exceeds max_num_seqs "
+            raise AtomValueError(f"capture size {max(self.capture_sizes)} exceeds max_num_seqs "
                              f"({self.config.max_num_seqs})")
         modules = self.model.modules() if isinstance(self.model, torch.nn.Module) else [self.model]
         if self.records_token_graphs and not any(getattr(type(m), "_atom_token_graph", False) for m in modules):
-            raise TypeError(f"{type(self.model).__qualname__} has no @token_graph unit: TR_HYBRID needs "
+            raise AtomTypeError(f"{type(self.model).__qualname__} has no @token_graph unit: TR_HYBRID needs "
                             "the model (or a submodule) marked @token_graph")
         start = time.perf_counter()
         sizes = sorted(self.capture_sizes, reverse=True)
@@ -117,18 +124,18 @@ class ModelRunner:
         q = self.max_q_len
         input_ids, positions, meta, ctx = self.builder.build_for_capture(bs, q)
         layers = self.no_compile_layers
-        with set_forward_context(meta, self.config, ctx, no_compile_layers=layers):
+        with set_forward_context(meta, None, ctx, no_compile_layers=layers):
             self.model(input_ids, positions)  # warm-up: compiles on the first size, loads kernels
         torch.cuda.synchronize()
         if self.records_token_graphs:
-            with set_forward_context(meta, self.config, ctx, no_compile_layers=layers, tr_graph="record"):
+            with set_forward_context(meta, None, ctx, no_compile_layers=layers, tr_graph="record"):
                 self.model(input_ids, positions)
             ctx.is_prefill = True  # the prefill pass: reuses the recording unless per_phase
-            with set_forward_context(meta, self.config, ctx, no_compile_layers=layers, tr_graph="record"):
+            with set_forward_context(meta, None, ctx, no_compile_layers=layers, tr_graph="record"):
                 self.model(input_ids, positions)
             ctx.is_prefill = False
         else:
-            with set_forward_context(meta, self.config, ctx, no_compile_layers=layers):
+            with set_forward_context(meta, None, ctx, no_compile_layers=layers):
                 self.req_graph.record(lambda: self.model(input_ids, positions), request_bucket(bs, q))
         torch.cuda.synchronize()
 
@@ -158,7 +165,7 @@ class ModelRunner:
         Returns (input_ids, scope); use the scope as a context manager around run_model."""
         padded_seqs, padded_rows = self.padding_for(steps)
         input_ids, positions, meta, ctx = self.builder.build(steps, padded_seqs, padded_rows)
-        scope = set_forward_context(meta, self.config, ctx, no_compile_layers=self.no_compile_layers)
+        scope = set_forward_context(meta, None, ctx, no_compile_layers=self.no_compile_layers)
         return input_ids, scope
 
     @torch.inference_mode()

@@ -14,9 +14,10 @@ import pytest
 import torch
 
 import atom_compile as ac
-from atom_compile.cache import aot, keys
+from atom_compile.backends import aot
+from atom_compile.cache import keys
 from atom_compile.cache.store import parse_index
-from conftest import run_job
+from support.jobs import run_job
 
 TOL = 1e-4
 

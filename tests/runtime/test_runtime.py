@@ -7,7 +7,7 @@ from atom_compile import CompilationConfig, Config, CUDAGraphMode
 from atom_compile.ops.attention import SequenceStep
 from atom_compile.runtime import ModelRunner, capture_ladder, pad_to_bucket, request_bucket
 from atom_compile.runtime.graphs import TokenGraph
-from llama_helpers import Stepper, tiny
+from support.llama_helpers import Stepper, tiny
 
 
 def test_capture_ladder_and_keys():
@@ -105,3 +105,16 @@ def test_runner_steps_on_cpu_match_the_model():
     logits, hidden = runner.step(steps)
     assert logits.shape == (10, 512) and hidden.shape == (10, 64)
     assert torch.allclose(logits, stepper.logits(ref, steps), atol=1e-5)
+
+
+def test_runtime_config_carries_what_the_runner_reads():
+    from atom_compile.runtime import RuntimeConfig
+
+    cfg = Config(max_num_seqs=16, num_draft_tokens=1,
+                 compilation_config=CompilationConfig(level=0, cudagraph_mode="FULL", cuda_graph_sizes=[8]))
+    rc = RuntimeConfig.from_config(cfg)
+    assert rc.capture_sizes == cfg.capture_sizes == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert (rc.max_num_seqs, rc.max_q_len, rc.cudagraph_mode, rc.enforce_eager) == (16, 2, CUDAGraphMode.FULL, False)
+    assert rc.no_compile_layers is cfg.compilation_config.static_forward_context
+    with pytest.raises(TypeError, match="RuntimeConfig"):
+        ModelRunner(object(), cfg.compilation_config, None)

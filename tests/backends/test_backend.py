@@ -6,7 +6,7 @@ from torch import nn
 
 import atom_compile as ac
 from atom_compile import CompilationConfig, Config, compilation_counter
-from llama_helpers import Stepper, tiny
+from support.llama_helpers import Stepper, tiny
 
 
 class SillyTwoLayers(nn.Module):

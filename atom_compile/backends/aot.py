@@ -24,11 +24,11 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .. import envs
+from ..cache.keys import build_factors, compute_hash, module_fingerprint, sha256_bytes, sha256_file
+from ..cache.store import PieceCache, atomic_write, caches_dir, current_rank
 from ..config import CompilationConfig
 from ..counters import compilation_counter
-from .keys import build_factors, compute_hash, module_fingerprint, sha256_bytes, sha256_file
-from .store import PieceCache, atomic_write, caches_dir, cache_root, current_rank
+from .compiled_function import loading_from
 
 logger = logging.getLogger("atom_compile")
 
@@ -83,12 +83,12 @@ def _entry_path(root: Path, key: str) -> Path:
 
 
 def try_load(cc: CompilationConfig, compiler_factors: dict, device_type: str, prefix: str,
-             model: torch.nn.Module, args: tuple, f_globals: dict) -> Optional[Callable]:
-    """The saved forward (a plain function taking `self` first), or None to trace instead."""
-    if envs.cache_disabled():
+             model: torch.nn.Module, args: tuple, f_globals: dict, root: Optional[Path]) -> Optional[Callable]:
+    """The saved forward (a plain function taking `self` first), or None to trace instead.
+    `root` is the cache root the entry point resolved (None: the cache is disabled)."""
+    if root is None:
         return None
     start = time.perf_counter()
-    root = cache_root(cc.cache_dir)
     path = _entry_path(root, entrypoint_key(cc, compiler_factors, device_type, model, args, prefix))
     try:
         entry = json.loads(path.read_text())
@@ -122,8 +122,6 @@ def try_load(cc: CompilationConfig, compiler_factors: dict, device_type: str, pr
         logger.warning("atom-compile: saved Dynamo function %s is unusable: %s; tracing again",
                        cache.artifact_path(record["path"]), problem)
         return None
-    from ..backends.atom_backend import loading_from
-
     try:
         with open(cache.artifact_path(record["path"]), "rb") as f, loading_from(root):
             loaded = torch.compiler.load_compiled_function(f, f_globals=f_globals, external_data={"model": model})
@@ -139,11 +137,12 @@ def try_load(cc: CompilationConfig, compiler_factors: dict, device_type: str, pr
     return loaded.fn
 
 
-def save(compiled: Any, backend: Any, cc: CompilationConfig, compiler_factors: dict, device_type: str,
+def save(compiled: Any, result: Any, cc: CompilationConfig, compiler_factors: dict, device_type: str,
          prefix: str, model: torch.nn.Module, args: tuple) -> bool:
-    """Save the AOT-compiled function beside its pieces and point the entry point at it."""
-    cache: Optional[PieceCache] = backend.cache
-    if cache is None or not cache.writable or backend.manager is None:
+    """Save the AOT-compiled function beside its pieces (`result`: the backend's CompileResult)
+    and point the entry point at it."""
+    cache: Optional[PieceCache] = result.cache
+    if cache is None or not cache.writable or result.manager is None:
         return False
     target = cache.path / FUNCTION_FILE
     try:
@@ -164,14 +163,14 @@ def save(compiled: Any, backend: Any, cc: CompilationConfig, compiler_factors: d
                     type(exc).__name__, str(exc)[:200])
         return False
     digest = sha256_file(str(target))
-    backend.manager.flush(dynamo_function={"path": FUNCTION_FILE, "sha256": digest,
+    result.manager.flush(dynamo_function={"path": FUNCTION_FILE, "sha256": digest,
                                            "bytes": target.stat().st_size})
     entry = {
-        "hash": backend.cache_hash,
+        "hash": result.cache_hash,
         "prefix": prefix,
-        "files": backend.factors["code"]["files"],
-        "custom_ops": sorted(backend.factors["custom_ops"]),
-        "graph": backend.factors["graph"]["sha256"],
+        "files": result.factors["code"]["files"],
+        "custom_ops": sorted(result.factors["custom_ops"]),
+        "graph": result.factors["graph"]["sha256"],
     }
     path = _entry_path(cache.root, entrypoint_key(cc, compiler_factors, device_type, model, args, prefix))
     try:

@@ -17,10 +17,10 @@ from typing import Any, Callable, Optional
 
 import torch.fx as fx
 
-from ..backends.base import CompilerInterface
+from .base import CompilerInterface
 from ..counters import compilation_counter
-from .keys import content_key, sha256_file
-from .store import PieceCache, entry_key
+from ..cache.keys import content_key, sha256_file
+from ..cache.store import PieceCache, entry_key
 
 logger = logging.getLogger("atom_compile")
 

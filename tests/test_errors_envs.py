@@ -1,0 +1,59 @@
+"""Floor 0: the error base under every deliberate error, and the environment read once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import atom_compile as ac
+from atom_compile import envs, errors
+from atom_compile.cache.store import PieceCache, cache_root, parse_index
+
+
+@pytest.mark.parametrize("name, builtin", [
+    ("ConfigError", ValueError), ("GraphBreakError", RuntimeError), ("BufferMutationError", RuntimeError),
+    ("RecompileError", RuntimeError),
+])
+def test_public_errors_keep_their_builtin_base(name, builtin):
+    cls = getattr(ac, name)
+    assert issubclass(cls, ac.AtomCompileError) and issubclass(cls, builtin)
+
+
+def test_errors_raised_on_bad_input_are_ours():
+    with pytest.raises(ac.AtomCompileError, match="max_num_seqs"):
+        ac.Config(max_num_seqs=0)
+    with pytest.raises(ac.AtomCompileError, match="dims"):
+        @ac.support_torch_compile
+        class NoTensors(torch.nn.Module):
+            def forward(self, n: int) -> int:
+                return n
+    with pytest.raises(errors.IndexInvalid) as info:
+        parse_index("{not json")
+    assert isinstance(info.value, (ValueError, ac.AtomCompileError))
+    with pytest.raises(ValueError, match="16 hex digits"):
+        PieceCache(Path("/tmp"), "nothex", 0, "p")
+
+
+def test_environment_is_read_into_one_object(monkeypatch, tmp_path):
+    monkeypatch.setenv("ATOM_COMPILE_CACHE_ROOT", str(tmp_path / "root"))
+    monkeypatch.setenv("ATOM_COMPILE_CHECK_INPUTS", "0")
+    env = envs.read()
+    assert env.cache_root == tmp_path / "root" and not env.cache_disabled and env.check_inputs is False
+    assert envs.read(str(tmp_path / "mine")).cache_root == tmp_path / "mine"  # the config's cache_dir wins
+    assert cache_root() == tmp_path / "root" and cache_root(str(tmp_path / "x")) == tmp_path / "x"
+    monkeypatch.setenv("ATOM_COMPILE_DISABLE_CACHE", "1")
+    assert envs.read().cache_disabled and envs.read().cache_root is None
+    monkeypatch.delenv("ATOM_COMPILE_CACHE_ROOT")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_root() == tmp_path / "xdg" / "atom"
+
+
+def test_the_backend_keeps_the_environment_it_was_built_with(monkeypatch, tmp_path):
+    monkeypatch.setenv("ATOM_COMPILE_CACHE_ROOT", str(tmp_path / "first"))
+    b = ac.backend(ac.CompilationConfig(level=2))
+    monkeypatch.setenv("ATOM_COMPILE_CACHE_ROOT", str(tmp_path / "second"))
+    assert b.environment.cache_root == tmp_path / "first"
+    assert ac.backend(ac.CompilationConfig(level=2, cache_dir=str(tmp_path / "cfg"))).environment.cache_root \
+        == tmp_path / "cfg"
