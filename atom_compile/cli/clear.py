@@ -62,7 +62,10 @@ def _confirmed(n: int, size: str, yes: bool) -> bool:
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise CliError(f"refusing to remove {out.plural(n, 'cache')} ({size}) without --yes (not a terminal); "
                        "add --yes, or --dry-run to list them", 2)
-    answer = input(f"Remove {out.plural(n, 'cache')} ({size})? [y/N] ").strip().lower()
+    # The prompt on stdout ourselves: input() may write it to stderr when both ends are terminals.
+    sys.stdout.write(f"Remove {out.plural(n, 'cache')} ({size})? [y/N] ")
+    sys.stdout.flush()
+    answer = sys.stdin.readline().strip().lower()
     return answer in ("y", "yes")
 
 

@@ -62,7 +62,8 @@ def format_explain(root: Path, base: dict, results: list[dict], level: int) -> l
         if r["hit"]:
             lines.append(f"  {name}: would hit (config, environment, traced sources and custom ops unchanged)")
             continue
-        lines.append(f"  {name}: would miss, {out.plural(len(r['differences']), 'factor')} differ:")
+        n = len(r["differences"])
+        lines.append(f"  {name}: would miss, {n} factor{' differs' if n == 1 else 's differ'}:")
         lines += [f"    {out.ellipsis(d, 100)}" for d in r["differences"]]
     if not hit_any(results):
         lines.append("No cache would hit: the next start compiles every piece.")
