@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-CLI = [sys.executable, "-m", "atom_compile.cache.cli"]
+CLI = [sys.executable, "-m", "atom_compile.cli"]
 
 
 def device_name() -> str:

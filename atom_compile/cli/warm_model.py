@@ -1,4 +1,5 @@
-"""The `warm` job (and the factors `explain` compares): compile a model's every piece ahead of time.
+"""The model a `warm` (or `explain`) works on: the MODEL argument, the Config built from the
+options, and one forward of n tokens on the built model.
 
 A model is named by a built-in preset (`tiny`, `llama-3.2-1b`; models/llama.py) or by
 `package.module:factory`. The factory protocol::
@@ -12,35 +13,29 @@ returns the positional arguments of one forward of that many tokens (default:
 `allocate_kv_cache` (like the built-in Llama) is driven with a paged KV cache and attention
 metadata instead. A model that has no `@support_torch_compile` part goes through
 `torch.compile(model, backend=atom_compile.backend(config), fullgraph=True)`.
-
-The job makes one call with the general shape (the largest capture size worth of tokens, at
-least 8: Dynamo traces and every piece is compiled or loaded) and one call per compile size
-(each piece's concrete entry is compiled or loaded), then records CUDA graphs where there is
-a CUDA device. Torch is imported inside the functions: `import atom_compile.cache.warm` is cheap.
+Torch is imported inside the functions: importing this module is cheap.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import json
 import os
 import sys
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
-from ..config import CAPTURE_SIZES_TOKEN, CompilationConfig, CompilationLevel, Config, CUDAGraphMode
-from . import inventory
-from .store import cache_root, caches_dir
+from ..config import CAPTURE_SIZES_TOKEN, CompilationConfig, CompilationLevel, Config
+from ..cache.store import cache_root
+from ..errors import AtomCompileError
 
 DEFAULT_MODEL = "tiny"
 MIN_GENERAL_TOKENS = 8  # Dynamo specialises sizes 0 and 1; a few more keep the trace general
 KV_BLOCKS, BLOCK_SIZE = 4, 16
 
 
-class WarmError(ValueError):
+class WarmError(AtomCompileError, ValueError):
     """A model spec, option or device that the job cannot use; `exit_code` 2 (bad input)."""
 
     exit_code = 2
@@ -162,7 +157,7 @@ class Job:
     builder: Any = None  # the attention metadata builder (built-in protocol): CUDA graphs need it
 
 
-def _import_factory(spec: ModelSpec) -> Callable:
+def import_factory(spec: ModelSpec) -> Callable:
     if os.getcwd() not in sys.path:  # a console script does not put the working dir on the path
         sys.path.insert(0, os.getcwd())
     try:
@@ -186,7 +181,7 @@ def import_model_code(spec: ModelSpec) -> None:
     if spec.preset is not None:
         _check_preset(spec)
     else:
-        _import_factory(spec)
+        import_factory(spec)
 
 
 def _check_preset(spec: ModelSpec) -> None:
@@ -220,13 +215,13 @@ def _builtin_job(spec: ModelSpec, cfg: Config, device: str, layers: Optional[int
         raise WarmError(f"--layers: got {layers}; allowed: a positive int")
     llama = preset(spec.preset, **({"num_layers": layers} if layers is not None else {}))
     model = build_model(llama, compilation_config=cfg, device=device)
-    desc = f"{spec.preset} ({llama.num_layers} layers)"
+    desc = f"{spec.preset} ({llama.num_layers} layer{'' if llama.num_layers == 1 else 's'})"
     return _paged_job(model, desc, device, max_tokens)
 
 
 def _paged_job(model: Any, desc: str, device: str, max_tokens: int) -> Job:
     """Drive a Llama-style model (paged KV cache, attention from the forward context) as
-    tests/_job.py does: padding rows only, so no real cache block is written."""
+    tests/support/_job.py does: padding rows only, so no real cache block is written."""
     from ..forward_context import set_forward_context
     from ..ops.attention import PagedAttentionMetadataBuilder
 
@@ -255,7 +250,7 @@ def _factory_job(spec: ModelSpec, cfg: Config, device: str, max_tokens: int) -> 
 
     from ..decorators import CompiledDispatcher, set_current_config
 
-    factory = _import_factory(spec)
+    factory = import_factory(spec)
     with set_current_config(cfg):
         try:
             made = factory(cfg)
@@ -287,169 +282,4 @@ def _factory_job(spec: ModelSpec, cfg: Config, device: str, max_tokens: int) -> 
 
     return Job(model, forward, desc)
 
-
-# --- running it ----------------------------------------------------------------------------
-
-
-@dataclass
-class WarmReport:
-    model: str
-    level: int
-    device: str
-    cache_root: str
-    cache_hashes: list[str]
-    general_tokens: int
-    compile_sizes: list[int]
-    seconds: float
-    counters: dict[str, int]
-    cudagraph_mode: str
-    cudagraphs_recorded: list[int] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    caches: list[dict] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        c = self.counters
-        return {
-            "model": self.model, "level": self.level, "device": self.device, "cache_root": self.cache_root,
-            "cache_hashes": self.cache_hashes, "caches": self.caches,
-            "bytes": sum(x["bytes"] for x in self.caches),
-            "general_tokens": self.general_tokens, "compile_sizes": self.compile_sizes,
-            "pieces": c.get("num_piecewise_capturable_graphs_seen", 0),
-            "split_ops": c.get("num_piecewise_graphs_seen", 0) - c.get("num_piecewise_capturable_graphs_seen", 0),
-            "distinct_pieces": sum(x["distinct_pieces"] for x in self.caches),
-            "compiled": c.get("num_inductor_compiles", 0) + c.get("num_eager_compiles", 0),
-            "loaded": c.get("num_compiled_artifacts_loaded", 0),
-            "deduplicated": c.get("num_deduplicated_pieces", 0),
-            "seconds": round(self.seconds, 3), "cudagraph_mode": self.cudagraph_mode,
-            "cudagraphs_recorded": self.cudagraphs_recorded, "notes": self.notes, "counters": c,
-        }
-
-
-@contextlib.contextmanager
-def _progress(total: int, show: bool) -> Iterator[Callable[[str], None]]:
-    if not show:
-        yield lambda desc: None
-        return
-    from tqdm import tqdm
-
-    with tqdm(total=total, desc="atom-compile-cache warm", unit="step", leave=False) as bar:
-        def step(desc: str) -> None:
-            bar.set_postfix_str(desc)
-            bar.update(1)
-
-        yield step
-
-
-def _show_progress() -> bool:
-    from .store import current_rank
-
-    return current_rank() == 0 and sys.stderr.isatty()
-
-
-def _caches_used(root: Path) -> list[str]:
-    """Hashes of the caches this process opened under `root` (each PieceCache.open takes the
-    cache's `.in_use` flock and remembers it: the one record of which caches were used)."""
-    from . import store
-
-    base = caches_dir(root).resolve()
-    out = []
-    for path in store.open_cache_paths():
-        p = Path(path).resolve()
-        if p.parent == base:
-            out.append(p.name)
-    return sorted(out)
-
-
-def _cache_summary(root: Path, cache_hash: str) -> dict[str, Any]:
-    info = inventory.read_cache(root, cache_hash)
-    general = {e["content_key"] for e in info.entries if e.get("runtime_shape") is None}
-    return {"hash": cache_hash, "path": str(info.path), "bytes": info.bytes, "files": info.files,
-            "prefixes": info.prefixes, "entries": len(info.entries), "distinct_pieces": len(general),
-            "shapes": ["general" if s is None else s for s in info.shapes]}
-
-
-def run_warm(opts: WarmOptions) -> WarmReport:
-    """Build, compile every piece (general shape and each compile size), record graphs if CUDA."""
-    spec = parse_model_spec(opts.model)
-    cfg, root = build_config(opts)
-    start = time.perf_counter()
-    if spec.module is not None:
-        _import_factory(spec)  # a bad spec fails before torch is imported
-    import torch
-
-    from ..counters import compilation_counter
-
-    check_device(opts.device)
-    cc = cfg.compilation_config
-    sizes = cc.concrete_compile_sizes()
-    tokens = general_tokens(cfg)
-    max_tokens = max([tokens, *sizes, *(cfg.capture_sizes or [])])
-    before = compilation_counter.clone().as_dict()
-    job = build_job(spec, cfg, opts.device, opts.layers, max_tokens)
-    notes: list[str] = []
-    mode = cc.cudagraph_mode or CUDAGraphMode.NONE
-    record = mode != CUDAGraphMode.NONE and not cfg.enforce_eager and bool(cfg.capture_sizes)
-    if record and opts.device != "cuda":
-        notes.append(f"CUDA graphs are not recorded on {opts.device} (cudagraph_mode {mode.name} runs as NONE "
-                     "here); the compiled pieces are cached")
-        record = False
-    if record and job.builder is None:
-        notes.append("CUDA graphs are recorded for models driven with attention metadata only; not recorded")
-        record = False
-    recorded: list[int] = []
-    with torch.inference_mode(), _progress(1 + len(sizes) + int(record), _show_progress()) as step:
-        job.forward(tokens)
-        step(f"general shape ({tokens} tokens)")
-        for size in sizes:
-            job.forward(size)
-            step(f"size {size}")
-        if record:
-            recorded = _record_graphs(job, cfg)
-            step("cuda graphs")
-    counters = {k: v - before.get(k, 0) for k, v in compilation_counter.as_dict().items()}
-    hashes = _caches_used(root)
-    return WarmReport(
-        model=job.description, level=int(cc.level), device=opts.device, cache_root=str(root),
-        cache_hashes=hashes, general_tokens=tokens, compile_sizes=sizes,
-        seconds=time.perf_counter() - start, counters=counters, cudagraph_mode=mode.name,
-        cudagraphs_recorded=recorded, notes=notes,
-        caches=[_cache_summary(root, h) for h in hashes if inventory.hash_dir(root, h).is_dir()],
-    )
-
-
-def _record_graphs(job: Job, cfg: Config) -> list[int]:
-    from ..runtime.model_runner import ModelRunner
-
-    runner = ModelRunner(job.model, cfg, job.builder)
-    _, sizes = runner.capture_cudagraph()
-    return sizes
-
-
-# --- explain -------------------------------------------------------------------------------
-
-
-def current_factors(opts: WarmOptions) -> tuple[dict[str, Any], Config, Path]:
-    """The key factors known before tracing: the config's and the compiler environment's."""
-    spec = parse_model_spec(opts.model)
-    cfg, root = build_config(opts)
-    check_device(opts.device)
-    import_model_code(spec)
-    from ..backends.inductor import make_compiler
-    from .keys import environment_factors
-
-    cc = cfg.compilation_config
-    compiler = make_compiler(cc)
-    return {"config": cc.hash_factors(), "environment": environment_factors(compiler.compute_hash(), opts.device)}, cfg, root
-
-
-def factors_now(base: dict[str, Any], cached: dict[str, Any]) -> dict[str, Any]:
-    """`base` completed with what can be re-checked for one cache without tracing: the recorded
-    source files re-hashed and the recorded custom ops' sources. The traced graph is taken
-    as equal (only tracing can tell)."""
-    from .keys import code_factors, custom_op_factors
-
-    files = ((cached.get("code") or {}).get("files") or {})
-    ops = cached.get("custom_ops") or {}
-    return {**base, "code": code_factors(files), "custom_ops": custom_op_factors(ops),
-            "graph": cached.get("graph")}
 

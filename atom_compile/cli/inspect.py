@@ -1,0 +1,127 @@
+"""`inspect`: list the caches of a root, or show one in detail (never imports torch)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ..cache import inventory as inv
+from ..cache.store import caches_dir
+from . import output as out
+from .common import hash_text, resolve_root
+
+HELP = "list the caches, or show one in detail"
+EPILOG = """Sizes say what they include: artifacts are what the index covers (and what export ships),
+Inductor files are Inductor's own generated code and libraries, rebuilt when missing.
+
+examples:
+  atom-compile-cache inspect
+  atom-compile-cache inspect ea87848f33757d9c
+  atom-compile-cache inspect --json | jq '.caches[].bytes'
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("hash", nargs="?", metavar="HASH", type=hash_text, help="show this cache in detail")
+
+
+def run(args: argparse.Namespace) -> int:
+    root = resolve_root(args)
+    points = inv.entrypoints(root)
+    if args.hash:
+        info = inv.read_cache(root, inv.resolve_hash(root, args.hash))
+        if args.json:
+            out.emit(cache_json(info, points, detail=True))
+        else:
+            out.lines(inspect_one(info, points))
+        return 1 if any(p.problem for p in info.pieces) else 0
+    caches = inv.list_caches(root)
+    if args.json:
+        out.emit({"root": str(caches_dir(root)), "bytes": sum(c.bytes for c in caches),
+                  "caches": [cache_json(c, points, detail=False) for c in caches], "entrypoints": len(points)})
+    else:
+        out.lines(inspect_all(root, caches, points))
+    return 0
+
+
+def cache_json(info: inv.CacheInfo, points: list[inv.EntryPoint], detail: bool) -> dict[str, Any]:
+    data = {
+        "hash": info.hash, "path": str(info.path), "bytes": info.bytes, "files": info.files,
+        "cache_bytes": info.cache_bytes, "scratch_bytes": info.scratch_bytes,
+        "prefixes": info.prefixes, "ranks": info.ranks, "entries": len(info.entries),
+        "artifacts": info.artifacts, "dynamo_functions": info.dynamo_functions,
+        "shapes": ["general" if s is None else s for s in info.shapes],
+        "created": info.created, "created_iso": out.iso(info.created),
+        "last_used": info.last_used, "last_used_iso": out.iso(info.last_used),
+        "torch_version": info.torch_version, "summary": out.factor_summary(info.factors),
+        "entrypoints": sum(1 for p in points if p.hash == info.hash), "problems": info.problems,
+    }
+    if detail:
+        data["factors"] = info.factors
+        data["pieces"] = [{"rank": p.rank, "prefix": p.prefix, "path": str(p.path), "problem": p.problem,
+                           "entries": p.entries, "dynamo_function": p.dynamo_function} for p in info.pieces]
+    return data
+
+
+def inspect_all(root: Path, caches: list[inv.CacheInfo], points: list[inv.EntryPoint]) -> list[str]:
+    where = caches_dir(root)
+    if not caches:
+        return [f"No caches under {where}. `{out.PROG} warm` makes one."]
+    total = sum(c.bytes for c in caches)
+    lines = [f"Cache root: {where}",
+             f"{out.plural(len(caches), 'cache')}, {out.size(total)}, {out.plural(len(points), 'entry point')}", ""]
+    headers = ("HASH", "PREFIX", "ARTIFACTS", "DYNAMO FN", "SHAPES", "ARTIFACT SIZE", "INDUCTOR FILES", "LAST USED")
+    rows = [(c.hash, ",".join(c.prefixes) or "-", c.artifacts, c.dynamo_functions, out.shapes(c.shapes),
+             out.size(c.cache_bytes), out.size(c.scratch_bytes), out.when(c.last_used)) for c in caches]
+    table = out.table(headers, rows, right=("ARTIFACTS", "DYNAMO FN", "ARTIFACT SIZE", "INDUCTOR FILES"))
+    lines.append(table[0])
+    for cache, row in zip(caches, table[1:]):
+        lines.append(row)
+        ranks = ",".join(map(str, cache.ranks)) or "-"
+        lines.append(f"  {out.factor_summary(cache.factors)}, torch {cache.torch_version or '?'}, rank {ranks}")
+        lines.extend(f"  ! {p}" for p in cache.problems)
+    return lines
+
+
+def inspect_one(info: inv.CacheInfo, points: list[inv.EntryPoint]) -> list[str]:
+    n_points = sum(1 for p in points if p.hash == info.hash)
+    lines = [f"Cache {info.hash}"]
+    lines += out.fields([
+        ("path", str(info.path)),
+        ("size", f"{out.cache_size(info)} in {out.plural(info.files, 'file')}"),
+        ("contents", f"{out.contents(info)}; {out.plural(len(info.entries), 'index entry', 'index entries')}"),
+        ("shapes", out.shapes(info.shapes)),
+        ("created", out.when(info.created)), ("last used", out.when(info.last_used)),
+        ("torch", info.torch_version or "-"),
+        ("prefixes", ", ".join(f"{p.prefix} (rank {p.rank})" for p in info.pieces) or "-"),
+        ("entry points", f"{n_points} (a warm start that skips Dynamo)" if n_points else "0"),
+    ])
+    lines += [f"  ! {p}" for p in info.problems]
+    lines += ["", "Key factors"]
+    pairs = out.flatten_factors(info.factors) if info.factors else [
+        ("(none)", info.factors_problem or "no factors file")]
+    lines += out.wrapped_fields(pairs)
+    for piece in info.pieces:
+        lines += ["", _piece_heading(piece)]
+        if piece.problem:
+            continue  # the problem is listed once, above
+        rows = [(e["graph_index"], "general" if e.get("runtime_shape") is None else e["runtime_shape"],
+                 e["compiler"], out.size(e.get("bytes") or 0), e["sha256"][:12], e["handle"]["path"])
+                for e in piece.entries]
+        fn = piece.dynamo_function
+        if fn:
+            rows.append(("-", "-", "dynamo", out.size(fn.get("bytes") or 0), fn["sha256"][:12], fn["path"]))
+        lines += out.table(("GRAPH", "SHAPE", "COMPILER", "SIZE", "SHA256", "FILE"), rows, indent="  ",
+                           right=("GRAPH", "SIZE"))
+    return lines
+
+
+def _piece_heading(piece: inv.PieceDir) -> str:
+    text = f"rank_{piece.rank}/{piece.prefix}: "
+    if piece.problem:
+        return text + "index unusable (see above)"
+    text += out.plural(len(piece.artifact_paths), "artifact")
+    if piece.dynamo_function:
+        text += ", 1 Dynamo function"
+    return text + f" ({out.plural(len(piece.entries), 'index entry', 'index entries')})"
