@@ -9,6 +9,7 @@ copy to an identical machine. The factors are written beside the artifacts
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import logging
@@ -32,6 +33,15 @@ HASHED_GROUPS = ("config", "environment", "code", "custom_ops", "graph")
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def _tensor_bytes(t: torch.Tensor) -> bytes:
+    """The tensor's elements in C order, in native byte order; torch only (no numpy)."""
+    data = t.detach().resolve_conj().resolve_neg().cpu().contiguous()
+    size = data.numel() * data.element_size()
+    # A contiguous CPU tensor's elements are `size` bytes from data_ptr() (storage offset
+    # included); this also covers a 0-dim tensor and dtypes numpy lacks (bfloat16, float8).
+    return ctypes.string_at(data.data_ptr(), size) if size else b""
 
 
 def environment_factors(compiler_factors: dict[str, Any], device_type: str) -> dict[str, Any]:
@@ -246,8 +256,7 @@ def graph_fingerprint(gm: fx.GraphModule) -> str:
             for part in str(node.target).split("."):
                 attr = getattr(attr, part)
             if isinstance(attr, torch.Tensor):
-                data = attr.detach().cpu().contiguous()
-                digest = sha256_bytes(data.view(torch.uint8).numpy().tobytes()) if data.numel() else "empty"
+                digest = sha256_bytes(_tensor_bytes(attr)) if attr.numel() else "empty"
                 lines.append(f"v{i} = get_attr tensor({_tensor_meta(attr)}|{digest})")
             elif isinstance(attr, fx.GraphModule):
                 lines.append(f"v{i} = get_attr module[{graph_fingerprint(attr)}]")
