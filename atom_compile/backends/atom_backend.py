@@ -31,7 +31,7 @@ from ..config import (
 )
 from ..counters import compilation_counter
 from ..errors import CacheMiss, GraphBreakError
-from . import compiled_function
+from . import compiled_function, floats
 from .inductor import make_compiler
 from .manager import CompilerManager
 from .piecewise import PiecewiseCompileInterpreter
@@ -138,6 +138,9 @@ class AtomBackend:
         return self.result.fn if self.result is not None else None
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable:
+        # Python floats Dynamo made symbolic: Dynamo traces again with them as constants (a
+        # restart, raised before anything is counted or compiled) and calls us once more.
+        floats.specialize_tensorified_floats(gm)
         compilation_counter.num_graphs_seen += 1
         if self.result is not None:
             raise GraphBreakError(
@@ -188,6 +191,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], cc: Compilation
     manager = CompilerManager(compiler, cache, cc.inductor_compile_config)
     _dump(cc, prefix, "traced_graph.py", gm.print_readable(print_output=False))
 
+    floats.fold_constant_scalars(gm)
     split_gm, items = split_graph(gm, splitting_ops_for(cc))
     compile_pieces(split_gm, items, manager, cc, example_inputs, prefix)
     _write_graphs(cc, prefix, cache, split_gm, items)
