@@ -39,7 +39,7 @@ from .split import SplitItem, split_graph
 from .static_inputs import _CopyInputs, _symbolic_tensor_indices, traced_values
 
 __all__ = [
-    "AtomBackend", "CacheMiss", "CompileResult", "GraphBreakError", "backend", "compile_graph",
+    "AtomBackend", "AtomBackendGraphs", "CacheMiss", "CompileResult", "GraphBreakError", "backend", "compile_graph",
     "effective_cudagraph_mode", "splitting_ops_for", "traced_values", "user_source_files",
 ]
 
@@ -162,9 +162,37 @@ class AtomBackend:
         return result.fn
 
 
-def backend(cfg: Any = None, prefix: str = "backbone") -> AtomBackend:
-    """The torch.compile backend for `cfg` (a Config, CompilationConfig, dict, JSON or level)."""
-    return AtomBackend(cfg, prefix)
+class AtomBackendGraphs(AtomBackend):
+    """What `backend(cfg)` returns: an AtomBackend for the first graph that also takes later ones.
+
+    Without fullgraph=True a graph break gives Dynamo a second graph (and a size that was not
+    marked dynamic, a recompilation): each later graph is compiled by a backend of its own whose
+    prefix is `<prefix>-graph<n>`, so its cache entries never collide with the first graph's.
+    `result` stays the first graph's; `later` holds the others' backends, in order.
+    """
+
+    def __init__(self, cfg: Any = None, prefix: str = "backbone", **kwargs: Any):
+        super().__init__(cfg, prefix, **kwargs)
+        self.later: list[AtomBackend] = []
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable:
+        if self.result is None:
+            return super().__call__(gm, example_inputs)
+        n = len(self.later) + 1
+        logger.info("atom-compile: %s: graph %d (a graph break or a recompilation) compiles as %s-graph%d",
+                    self.prefix, n, self.prefix, n)
+        sub = AtomBackend(self.compilation_config, f"{self.prefix}-graph{n}",
+                          extra_traced_files=self.extra_traced_files, serializable=self.serializable,
+                          environment=self.environment)
+        fn = sub(gm, example_inputs)
+        self.later.append(sub)
+        return fn
+
+
+def backend(cfg: Any = None, prefix: str = "backbone") -> AtomBackendGraphs:
+    """The torch.compile backend for `cfg` (a Config, CompilationConfig, dict, JSON or level);
+    later graphs (graph breaks, recompilations) get backends of their own."""
+    return AtomBackendGraphs(cfg, prefix)
 
 
 # --- the pipeline --------------------------------------------------------------------------
