@@ -31,7 +31,7 @@ from ..config import (
 )
 from ..counters import compilation_counter
 from ..errors import CacheMiss, GraphBreakError
-from . import compiled_function, floats
+from . import compiled_function, floats, unsupported
 from .inductor import make_compiler
 from .manager import CompilerManager
 from .piecewise import PiecewiseCompileInterpreter
@@ -153,8 +153,13 @@ class AtomBackend:
         # Dynamo may restart its analysis from inside a compile (e.g. to specialise a float that
         # dynamic=True made symbolic) and then hand us the graph again: not a second graph. The
         # result is kept only once compile_graph returns, so a restart leaves nothing behind.
-        result = compile_graph(gm, example_inputs, self.compilation_config, self.prefix,
-                               self.environment, self.extra_traced_files)
+        try:
+            result = compile_graph(gm, example_inputs, self.compilation_config, self.prefix,
+                                   self.environment, self.extra_traced_files)
+        except Exception as exc:
+            if unsupported.is_restart(exc):
+                raise
+            raise unsupported.explain(exc, int(self.compilation_config.level), self.prefix) from exc
         self.result = result
         if self.serializable and compiled_function.serializable_base() is not None:
             cls = compiled_function.AtomCompiledFunction

@@ -52,3 +52,19 @@ def test_generate_greedy_matches_eager(use_cache, model_cache):
                                       dynamic=True)
         got = model.generate(x, max_new_tokens=4, do_sample=False, use_cache=use_cache, pad_token_id=0)
     assert torch.equal(got, want)
+
+
+def test_unsupported_graph_names_model_and_level(model_cache):
+    from atom_compile.backends.unsupported import ModelCompileError
+
+    model = tiny_model("llama")
+    cfg = config(2, "inductor_standalone", model_cache)
+    cfg.inductor_compile_config = {"no_such_inductor_option": 1}
+    compiled = torch.compile(model, backend=ac.backend(cfg), fullgraph=True, dynamic=True)
+    with pytest.raises(Exception) as info, torch.no_grad():
+        compiled(input_ids=inputs(2, 8), use_cache=False)
+    error = info.value
+    while error is not None and not isinstance(error, ModelCompileError):
+        error = error.__cause__ or error.__context__
+    assert error is not None and isinstance(error, ac.AtomCompileError)
+    assert "LlamaForCausalLM" in str(error) and "level 2" in str(error)
