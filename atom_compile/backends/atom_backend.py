@@ -31,7 +31,7 @@ from ..config import (
 )
 from ..counters import compilation_counter
 from ..errors import CacheMiss, GraphBreakError
-from . import compiled_function
+from . import compiled_function, floats, unsupported
 from .inductor import make_compiler
 from .manager import CompilerManager
 from .piecewise import PiecewiseCompileInterpreter
@@ -39,7 +39,7 @@ from .split import SplitItem, split_graph
 from .static_inputs import _CopyInputs, _symbolic_tensor_indices, traced_values
 
 __all__ = [
-    "AtomBackend", "CacheMiss", "CompileResult", "GraphBreakError", "backend", "compile_graph",
+    "AtomBackend", "AtomBackendGraphs", "CacheMiss", "CompileResult", "GraphBreakError", "backend", "compile_graph",
     "effective_cudagraph_mode", "splitting_ops_for", "traced_values", "user_source_files",
 ]
 
@@ -138,6 +138,9 @@ class AtomBackend:
         return self.result.fn if self.result is not None else None
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable:
+        # Python floats Dynamo made symbolic: Dynamo traces again with them as constants (a
+        # restart, raised before anything is counted or compiled) and calls us once more.
+        floats.specialize_tensorified_floats(gm)
         compilation_counter.num_graphs_seen += 1
         if self.result is not None:
             raise GraphBreakError(
@@ -150,8 +153,13 @@ class AtomBackend:
         # Dynamo may restart its analysis from inside a compile (e.g. to specialise a float that
         # dynamic=True made symbolic) and then hand us the graph again: not a second graph. The
         # result is kept only once compile_graph returns, so a restart leaves nothing behind.
-        result = compile_graph(gm, example_inputs, self.compilation_config, self.prefix,
-                               self.environment, self.extra_traced_files)
+        try:
+            result = compile_graph(gm, example_inputs, self.compilation_config, self.prefix,
+                                   self.environment, self.extra_traced_files)
+        except Exception as exc:
+            if unsupported.is_restart(exc):
+                raise
+            raise unsupported.explain(exc, int(self.compilation_config.level), self.prefix) from exc
         self.result = result
         if self.serializable and compiled_function.serializable_base() is not None:
             cls = compiled_function.AtomCompiledFunction
@@ -159,9 +167,37 @@ class AtomBackend:
         return result.fn
 
 
-def backend(cfg: Any = None, prefix: str = "backbone") -> AtomBackend:
-    """The torch.compile backend for `cfg` (a Config, CompilationConfig, dict, JSON or level)."""
-    return AtomBackend(cfg, prefix)
+class AtomBackendGraphs(AtomBackend):
+    """What `backend(cfg)` returns: an AtomBackend for the first graph that also takes later ones.
+
+    Without fullgraph=True a graph break gives Dynamo a second graph (and a size that was not
+    marked dynamic, a recompilation): each later graph is compiled by a backend of its own whose
+    prefix is `<prefix>-graph<n>`, so its cache entries never collide with the first graph's.
+    `result` stays the first graph's; `later` holds the others' backends, in order.
+    """
+
+    def __init__(self, cfg: Any = None, prefix: str = "backbone", **kwargs: Any):
+        super().__init__(cfg, prefix, **kwargs)
+        self.later: list[AtomBackend] = []
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable:
+        if self.result is None:
+            return super().__call__(gm, example_inputs)
+        n = len(self.later) + 1
+        logger.info("atom-compile: %s: graph %d (a graph break or a recompilation) compiles as %s-graph%d",
+                    self.prefix, n, self.prefix, n)
+        sub = AtomBackend(self.compilation_config, f"{self.prefix}-graph{n}",
+                          extra_traced_files=self.extra_traced_files, serializable=self.serializable,
+                          environment=self.environment)
+        fn = sub(gm, example_inputs)
+        self.later.append(sub)
+        return fn
+
+
+def backend(cfg: Any = None, prefix: str = "backbone") -> AtomBackendGraphs:
+    """The torch.compile backend for `cfg` (a Config, CompilationConfig, dict, JSON or level);
+    later graphs (graph breaks, recompilations) get backends of their own."""
+    return AtomBackendGraphs(cfg, prefix)
 
 
 # --- the pipeline --------------------------------------------------------------------------
@@ -188,6 +224,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], cc: Compilation
     manager = CompilerManager(compiler, cache, cc.inductor_compile_config)
     _dump(cc, prefix, "traced_graph.py", gm.print_readable(print_output=False))
 
+    floats.fold_constant_scalars(gm)
     split_gm, items = split_graph(gm, splitting_ops_for(cc))
     compile_pieces(split_gm, items, manager, cc, example_inputs, prefix)
     _write_graphs(cc, prefix, cache, split_gm, items)

@@ -20,6 +20,10 @@ _TORCH_FUNCTION_MODULES = ("torch", "torch._C", "torch._C._nn", "torch._C._Varia
                            "torch.nn.functional", "torch._C._special", "torch._C._linalg")
 
 
+# meta key of the `.contiguous()` nodes that `contiguous_boundaries` adds
+_BOUNDARY = "atom_split_boundary"
+
+
 @dataclass
 class SplitItem:
     submod_name: str
@@ -56,6 +60,51 @@ def is_splitting_node(node: fx.Node, names: frozenset[str]) -> bool:
     return node.op == "call_function" and bool(target_names(node.target) & names)
 
 
+def _is_boundary_copy(node: fx.Node) -> bool:
+    return node.op == "call_method" and node.target == "contiguous" and node.meta.get(_BOUNDARY, False)
+
+
+def _tensor_outputs(node: fx.Node) -> list[fx.Node]:
+    """The nodes carrying a splitting op's tensor results: the op itself, or its getitems."""
+    value = node.meta.get("example_value")
+    if isinstance(value, torch.Tensor):
+        return [node]
+    return [u for u in node.users if u.op == "call_function" and u.target is operator.getitem
+            and isinstance(u.meta.get("example_value"), torch.Tensor)]
+
+
+def contiguous_boundaries(graph: fx.GraphModule, names: frozenset[str]) -> int:
+    """Make every tensor a splitting op returns contiguous before a compiled piece reads it.
+
+    A splitting op runs outside Inductor; its real output need not have the layout its fake
+    kernel promised (SDPA's does not), and a piece compiled against the promised strides asserts
+    on the first call. A `<value>_contiguous` node, run in the splitting op's own piece, gives
+    the next piece exactly the layout it was compiled for (a no-op when already contiguous).
+    Returns how many were added; running it twice adds none.
+    """
+    added = 0
+    for node in list(graph.graph.nodes):
+        if not is_splitting_node(node, names):
+            continue
+        for value in _tensor_outputs(node):
+            if any(_is_boundary_copy(u) for u in value.users):
+                continue
+            readers = [u for u in value.users if not is_splitting_node(u, names)]
+            if not readers:
+                continue
+            with graph.graph.inserting_after(value):
+                copy = graph.graph.call_method("contiguous", (value,))
+            copy.name = f"{value.name}_contiguous"
+            copy.meta[_BOUNDARY] = True
+            copy.meta["example_value"] = value.meta["example_value"].contiguous()
+            for reader in readers:
+                reader.replace_input_with(value, copy)
+            added += 1
+    if added:
+        graph.recompile()
+    return added
+
+
 def split_graph(
     graph: fx.GraphModule, splitting_ops: Iterable[str] | None
 ) -> tuple[fx.GraphModule, list[SplitItem]]:
@@ -80,6 +129,7 @@ def split_graph(
     splitting=True) gives one piece holding the whole graph.
     """
     names = resolve_splitting_ops(splitting_ops)
+    contiguous_boundaries(graph, names)
     subgraph_id = 0
     node_to_subgraph: dict[fx.Node, int] = {}
     splitting_ids: set[int] = set()
@@ -91,7 +141,7 @@ def split_graph(
                 and isinstance(node.args[0], fx.Node) and node.args[0] in node_to_subgraph:
             node_to_subgraph[node] = node_to_subgraph[node.args[0]]
             continue
-        if is_splitting_node(node, names):
+        if is_splitting_node(node, names) or _is_boundary_copy(node):
             if not previous_was_split:
                 subgraph_id += 1
             node_to_subgraph[node] = subgraph_id

@@ -96,9 +96,22 @@ def test_second_graph_is_a_clear_error():
         torch._dynamo.graph_break()
         return x * 2
 
-    compiled = torch.compile(broken, backend=ac.backend(CompilationConfig(level=3, compiler="eager")))
+    compiled = torch.compile(broken, backend=ac.AtomBackend(CompilationConfig(level=3, compiler="eager")))
     with pytest.raises(Exception, match="was given a second graph"):
         compiled(torch.randn(4))
+
+
+def test_backend_compiles_each_graph_of_a_graph_break():
+    def broken(x):
+        x = x + 1
+        torch._dynamo.graph_break()
+        return x * 2
+
+    backend = ac.backend(CompilationConfig(level=3, compiler="eager"))
+    x = torch.randn(4)
+    with compilation_counter.expect(num_graphs_seen=2):
+        assert torch.allclose(torch.compile(broken, backend=backend)(x), broken(x))
+    assert [b.prefix for b in backend.later] == ["backbone-graph1"]
 
 
 def test_debug_dump_and_computation_graph(tmp_path, cache_root):
