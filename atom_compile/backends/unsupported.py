@@ -14,12 +14,15 @@ class ModelCompileError(AtomCompileError, RuntimeError):
 
 
 def model_name() -> str:
-    """The class whose forward Dynamo was tracing (`LlamaForCausalLM`), or 'the model'."""
+    """The class whose forward Dynamo was tracing (`LlamaForCausalLM`), or 'the model'.
+
+    Dynamo records inlined code when its inlining ends, so the outermost `forward` is the last
+    one; decorators on it (transformers' `deprecate_kwarg`) show up as `<locals>` qualnames."""
     tc = torch._guards.TracingContext.try_get()
-    for code in getattr(tc, "traced_code", None) or []:
-        qualname = getattr(code, "co_qualname", "")
-        if "." in qualname:
-            return qualname.split(".")[0]
+    methods = [getattr(code, "co_qualname", "") for code in getattr(tc, "traced_code", None) or []]
+    methods = [q for q in methods if "." in q and "<locals>" not in q]
+    for qualname in sorted(reversed(methods), key=lambda q: not q.endswith(".forward")):
+        return qualname.rsplit(".", 1)[0]
     return "the model"
 
 
