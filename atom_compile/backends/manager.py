@@ -112,15 +112,16 @@ class CompilerManager:
             st = os.lstat(directory)
             if os.path.islink(directory) or (hasattr(os, "geteuid") and st.st_uid != os.geteuid()):
                 raise PermissionError(f"{directory} is not ours to repair")
-            self.cache.fresh_scratch()
+            kept = self.cache.fresh_scratch(self.inductor_files)
         except OSError as exc:
             damage(directory, problem, "compiling in memory: Inductor's files go to a private temp "
                    f"directory and nothing is saved ({exc}).")
             self._private_scratch = tempfile.mkdtemp(prefix="atom-inductor-")
             self.cache.writable = False
             return
-        damage(directory, problem, "repairing into a fresh directory (Inductor's files are rebuilt).")
-        self.inductor_files = {}
+        damage(directory, problem, "repairing it: a fresh directory with the files that pass their "
+               "digests; Inductor rebuilds the rest.")
+        self.inductor_files = kept
         self._scratch_used = True
 
     def _with_scratch(self, call: Callable[[], Any]) -> Any:

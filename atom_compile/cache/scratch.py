@@ -10,6 +10,7 @@ links.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 import uuid
@@ -88,13 +89,15 @@ def scratch_problem(root: Path, directory: Path, recorded: dict[str, str]) -> Op
     return None
 
 
-def fresh_scratch(root: Path, directory: Path) -> None:
-    """Replace `directory` by a new empty private one: made beside it, swapped in by rename;
-    the old one (or a link) is moved aside and removed without following links."""
+def fresh_scratch(root: Path, directory: Path, keep: Optional[dict[str, str]] = None) -> list[str]:
+    """Replace `directory` by a new private one: made beside it, holding only the files of
+    `keep` that are trusted and match their digests (copied), swapped in by rename; the old
+    one (or a link) is moved aside and removed without following links. Returns the kept."""
     directory = Path(directory)
     tag = uuid.uuid4().hex[:12]
     fresh = directory.parent / f".{directory.name}-new-{tag}"
     trust.make_private_dir(fresh)
+    kept = _copy_verified(root, directory, fresh, keep or {})
     old = directory.parent / f".{directory.name}-old-{tag}"
     try:
         os.rename(directory, old)
@@ -106,6 +109,27 @@ def fresh_scratch(root: Path, directory: Path) -> None:
             trust.remove_tree(root, old)
         except OSError:
             pass  # a foreign leftover we may not remove: hidden, never used, `verify` names it
+    return kept
+
+
+def _copy_verified(root: Path, source: Path, target: Path, keep: dict[str, str]) -> list[str]:
+    kept = []
+    if trust.path_problem(root, source) is not None:
+        return kept
+    for rel, digest in sorted(keep.items()):
+        try:
+            data = trust.read_bytes(root, source / rel)
+        except OSError:
+            continue
+        if hashlib.sha256(data).hexdigest() != digest:
+            continue
+        trust.make_private_dirs(target, (target / rel).parent)
+        fd = os.open(target / rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
+                     trust.FILE_MODE)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        kept.append(rel)
+    return kept
 
 
 def make_private_tree(directory: Path) -> None:

@@ -105,7 +105,7 @@ def damage(path: Any, reason: str, consequence: str) -> bool:
     """One warning per damaged path and reason (counted as a cache error); True if new."""
     from ..counters import compilation_counter
 
-    if not warn_once(f"damage:{path}:{reason}", "atom-compile: %s is unusable: %s; %s", path, reason, consequence):
+    if not warn_once(f"damage:{path}", "atom-compile: %s is unusable: %s; %s", path, reason, consequence):
         return False
     compilation_counter.num_cache_errors += 1
     return True
@@ -350,9 +350,11 @@ class PieceCache:
         """Why Inductor's files here must not be used (None: each is trusted and digest-equal)."""
         return scratch.scratch_problem(self.root, self.scratch_path, recorded)
 
-    def fresh_scratch(self) -> None:
-        """Swap a fresh private inductor/ in for a damaged one; OSError if it cannot be."""
-        scratch.fresh_scratch(self.root, self.scratch_path)
+    def fresh_scratch(self, keep: dict[str, str]) -> dict[str, str]:
+        """Swap a fresh private inductor/ in for a damaged one, with the files of `keep` that
+        still match their digests; returns those. OSError if it cannot be done."""
+        kept = scratch.fresh_scratch(self.root, self.scratch_path, keep)
+        return {rel: keep[rel] for rel in kept}
 
     def write_factors(self, factors: dict) -> None:
         """Write the key factors beside the pieces; a damaged copy is named once and rewritten."""
