@@ -109,6 +109,7 @@ def try_load(cc: CompilationConfig, compiler_factors: dict, device_type: str, pr
     cache = PieceCache.open(root, recorded_hash, current_rank(), prefix)
     if cache is None:
         return None
+    cache.write_factors(factors)  # checked (and repaired) as the tracing path does
     record = cache.read_index().get("dynamo_function")
     if not record:
         return None

@@ -241,6 +241,9 @@ class PieceCache:
             pass  # read-only, or being cleared right now: nothing to protect
 
     def _lock(self) -> filelock.FileLock:
+        lock = self.path / ".index.lock"
+        if os.path.islink(lock):  # taking the lock would open (and truncate) the link's target
+            os.unlink(lock)
         return filelock.FileLock(str(self.path / ".index.lock"), timeout=60, mode=trust.FILE_MODE)
 
     # --- the index ---------------------------------------------------------------------------
@@ -256,6 +259,8 @@ class PieceCache:
         try:
             text = self._read_text()
         except FileNotFoundError:
+            if self._has_artifacts():
+                self._warn_index("it is missing, and artifacts are here that no index names")
             return empty
         except trust.Untrusted as exc:
             self._warn_index(exc.reason)
@@ -268,6 +273,12 @@ class PieceCache:
         except IndexInvalid as exc:
             self._warn_index(str(exc))
             return empty
+
+    def _has_artifacts(self) -> bool:
+        try:
+            return any(os.scandir(self.path / "artifacts")) or os.path.lexists(self.path / "dynamo_function.bin")
+        except OSError:
+            return False
 
     def _read_quiet(self) -> dict:
         try:
