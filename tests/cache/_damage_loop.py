@@ -92,11 +92,25 @@ def main() -> None:
         return {"sha": digest.hexdigest(), "log": stream.getvalue(), "seconds": time.perf_counter() - t0,
                 "counters": {k: after[k] - before[k] for k in after}}
 
+    from atom_compile.cache import inventory
+    from atom_compile.cache.verify import verify_cache
+
+    def manifest(root: Path) -> set:
+        (info,) = inventory.list_caches(root)
+        return {rel for p in info.pieces for rel in p.inductor_files}, info
+
+    def complete(root: Path, files: set) -> bool:
+        """Nothing damaged, and every Inductor file of the pristine cache is back."""
+        now, info = manifest(root)
+        return not verify_cache(info) and files <= now
+
     rng = random.Random(seed)
     cold = start(pristine)
     expected = start(pristine)
     assert expected["counters"]["num_inductor_compiles"] == 0, "the pristine cache is not warm"
     assert expected["sha"] == cold["sha"] and not expected["log"], expected["log"]
+    pristine_files = manifest(pristine)[0]
+    assert any(f.endswith(".so") for f in pristine_files)
     rounds = []
     for i in range(n):
         root = work / f"r{i}"
@@ -109,6 +123,7 @@ def main() -> None:
         damage(path, kind, rng, outside)
         first = start(root)
         second = start(root)
+        second["complete"] = complete(root, pristine_files)
         rounds.append({"path": str(path.relative_to(root)), "kind": kind,
                        "first": first, "second": second})
         shutil.rmtree(root, ignore_errors=True)
