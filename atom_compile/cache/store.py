@@ -287,8 +287,12 @@ class PieceCache:
             return {"entries": []}
 
     def _warn_index(self, reason: str) -> None:
+        from ..counters import compilation_counter
+
         self._repair = True
-        damage(self.index_path, reason, "recompiling and rewriting it.")
+        if warn_once(f"damage:{self.index_path}", "atom-compile: ignoring the cache index %s: %s; "
+                     "recompiling and rewriting it.", self.index_path, reason):
+            compilation_counter.num_cache_errors += 1
 
     def commit(self, entries: list[dict], remove: list[tuple] = (), dynamo_function: Any = None,
                scratch_used: bool = False) -> bool:
