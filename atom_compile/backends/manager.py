@@ -20,7 +20,7 @@ import torch.fx as fx
 
 from .base import CompilerInterface
 from ..counters import compilation_counter
-from ..cache.keys import content_key, sha256_file
+from ..cache.keys import content_key, graph_fingerprint, sha256_bytes, sha256_file
 from ..cache.store import PieceCache, damage, entry_key
 
 logger = logging.getLogger("atom_compile")
@@ -35,6 +35,10 @@ def _os_error_in(exc: BaseException) -> Optional[OSError]:
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+def _graph_digest(graph: fx.GraphModule) -> str:
+    return sha256_bytes(graph_fingerprint(graph).encode())[:32]
 
 
 @contextlib.contextmanager
@@ -193,7 +197,7 @@ class CompilerManager:
         if self.compiler.last_save_error is not None and self.cache is not None:
             self.cache.write_failed(self.cache.path, self.compiler.last_save_error)
             self.compiler.last_save_error = None
-        entry = self._publish(handle, ck) if handle is not None else None
+        entry = self._publish(handle, ck, graph) if handle is not None else None
         if entry is not None:
             self._record(entry, graph_index, runtime_shape, shape_locator)
         self._by_content[ck] = (fn, entry)
@@ -215,7 +219,7 @@ class CompilerManager:
         self._remove.append(key)
         return None
 
-    def _publish(self, handle: dict, ck: str) -> Optional[dict]:
+    def _publish(self, handle: dict, ck: str, graph: fx.GraphModule) -> Optional[dict]:
         """Rename a freshly written artifact to its digest's name and make its index entry."""
         assert self.cache is not None
         staging = self.cache.artifact_path(handle["path"])
@@ -225,9 +229,9 @@ class CompilerManager:
         final_rel = os.path.join(os.path.dirname(handle["path"]), f"{digest[:32]}{os.path.splitext(handle['path'])[1]}")
         final = self.cache.artifact_path(final_rel)
         try:
-            if final.exists():
+            if self.cache.verify(final_rel, digest) is None:
                 staging.unlink()  # identical bytes already published (another process, another piece)
-            else:
+            else:  # absent, or a damaged / untrusted file under that name: replaced, never trusted
                 os.replace(staging, final)
         except OSError as exc:
             self.cache.write_failed(final, exc)
@@ -235,6 +239,7 @@ class CompilerManager:
         compilation_counter.num_compiled_artifacts_saved += 1
         return {
             "content_key": ck,
+            "graph": _graph_digest(graph),
             "compiler": self.compiler.name,
             "handle": dict(handle, path=final_rel),
             "sha256": digest,
@@ -285,13 +290,23 @@ class CompilerManager:
 
     # --- warm start without example inputs -------------------------------------------------
 
-    def load_general(self, num_pieces: int) -> Optional[list[tuple[Callable, Optional[list[int]]]]]:
+    def load_general(self, num_pieces: int, graphs: Optional[list[fx.GraphModule]] = None
+                     ) -> Optional[list[tuple[Callable, Optional[list[int]]]]]:
         """Every piece's general-shape callable and shape locator from the index, or None if
-        any is missing or unusable (the caller then traces with Dynamo)."""
+        any is missing or unusable (the caller then traces with Dynamo). With `graphs`, each
+        entry must have been made for that piece's graph (else it is damage)."""
         out = []
         for index in range(num_pieces):
-            entry = self.entries.get((None, index, self.compiler.name))
+            key = (None, index, self.compiler.name)
+            entry = self.entries.get(key)
             if entry is None:
+                return None
+            if graphs is not None and entry.get("graph") not in (None, _graph_digest(graphs[index])):
+                damage(self.cache.index_path if self.cache else "the index", f"its entry for piece {index} "
+                       "(shape general) was made for another graph", "tracing and recompiling the piece.")
+                del self.entries[key]
+                self._remove.append(key)
+                self.flush()
                 return None
             fn = self._load(entry, None, None, index, None)
             if fn is None:

@@ -47,8 +47,9 @@ def entry_key(entry: dict) -> tuple:
 
 def entry_binding(entry: dict) -> str:
     """The digest that binds an entry's content key and shape to its position and artifact."""
-    blob = json.dumps([entry.get("content_key"), entry.get("runtime_shape"), entry.get("graph_index"),
-                       entry.get("compiler"), (entry.get("handle") or {}).get("path"), entry.get("sha256")])
+    blob = json.dumps([entry.get("content_key"), entry.get("graph"), entry.get("runtime_shape"),
+                       entry.get("graph_index"), entry.get("compiler"), (entry.get("handle") or {}).get("path"),
+                       entry.get("sha256")])
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 

@@ -136,15 +136,20 @@ def test_symlinked_hash_dir_is_refused_and_clear_does_not_follow_it(cold, tmp_pa
 def test_index_or_artifact_owned_by_another_user_is_not_trusted(cold, tmp_path):
     root = _copy(cold, tmp_path)
     index = _prefix(root) / "index.json"
-    artifact = next((_prefix(root) / "artifacts").iterdir())
-    os.chown(artifact, 65534, 65534)
-    assert "owned by uid 65534" in _verify(root).stdout
     os.chown(index, 65534, 65534)
+    assert "owned by uid 65534" in _verify(root).stdout
     report = _job(root)
     (line,) = _warnings(report)
     assert str(index) in line and "owned by uid 65534" in line
     _warm_ok(report, cold)
     assert os.lstat(index).st_uid == os.geteuid() and _verify(root).returncode == 0
+    artifact = _prefix(root) / parse_index(index.read_text())["entries"][0]["handle"]["path"]
+    os.chown(artifact, 65534, 65534)
+    report = _job(root)
+    (line,) = _warnings(report)
+    assert str(artifact) in line and "owned by uid 65534" in line
+    _warm_ok(report, cold)
+    assert _verify(root).returncode == 0  # the foreign file was removed, never loaded
 
 
 @AS_ROOT
@@ -184,13 +189,14 @@ def test_swapped_index_entries_are_damage_not_a_wrong_piece(cold, tmp_path):
     path = _prefix(root) / "index.json"
     doc = json.loads(path.read_text())
     a, b = doc["entries"][0], doc["entries"][1]
-    for field in ("handle", "sha256", "content_key", "shape_locator", "bytes"):
+    for field in ("handle", "sha256", "content_key", "graph", "shape_locator", "bytes"):
         a[field], b[field] = b.get(field), a.get(field)
     for e in (a, b):  # re-bound, as a careless hand edit that fixed the bindings would be
         e["binding"] = entry_binding(e)
     path.write_text(json.dumps(doc))
     report = _job(root)
-    assert any("names content" in w for w in _warnings(report)), report["stderr"][-2000:]
+    (line,) = _warnings(report)
+    assert str(path) in line and "another graph" in line, report["stderr"][-2000:]
     _warm_ok(report, cold)
     doc["entries"][0]["graph_index"] = 7  # and an unbound edit is refused at parse time
     with pytest.raises(IndexInvalid, match="not bound"):
