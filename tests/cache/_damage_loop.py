@@ -100,9 +100,18 @@ def main() -> None:
         return {rel for p in info.pieces for rel in p.inductor_files}, info
 
     def complete(root: Path, files: set) -> bool:
-        """Nothing damaged, and every Inductor file of the pristine cache is back."""
+        """What is damaged, and which Inductor files of the pristine cache are not back."""
         now, info = manifest(root)
-        return not verify_cache(info) and files <= now
+        damage = verify_cache(info)
+        return {"damage": [f"{d.path}: {d.reason}" for d in damage],
+                "missing": sorted(f for f in files - now if not isa_probe(f))}
+
+    def isa_probe(rel: str) -> bool:
+        """Inductor's test programs for the CPU's vector ISA: probed once per process (this
+        one remembers its answers), never needed by a warm start."""
+        (scratch,) = pristine.glob("torch_compile_cache/*/rank_0/*/inductor")
+        source = (scratch / rel).with_suffix(".cpp")
+        return source.is_file() and "_chk_kernel" in source.read_text()
 
     rng = random.Random(seed)
     cold = start(pristine)

@@ -332,9 +332,10 @@ def test_fifty_random_damages_are_named_once_recovered_bit_identical_and_repaire
         expected = 0 if (r["kind"] == "delete" and r["path"].startswith("torch_compile_cache/entrypoints")) else 1
         ok = (first["sha"] == report["expected"] and len(warnings) == expected
               and second["sha"] == report["expected"] and not second["log"]
-              and second["counters"]["num_inductor_compiles"] == 0 and second["complete"])
+              and second["counters"]["num_inductor_compiles"] == 0 and not second["complete"]["damage"]
+              and not second["complete"]["missing"])
         if not ok:
-            bad.append((r["kind"], r["path"], warnings, second["log"], second["counters"]["num_inductor_compiles"]))
+            bad.append((r["kind"], r["path"], warnings, second["log"], second["counters"], second["complete"]))
     assert not bad, bad[:5]
     kinds = {r["kind"] for r in report["rounds"]}
     assert kinds == {"truncate", "garble", "empty", "delete", "chmod", "symlink"}
