@@ -14,6 +14,7 @@ or damage falls back to tracing, which then rewrites the entry point.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -25,9 +26,11 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..cache.keys import build_factors, compute_hash, module_fingerprint, sha256_bytes, sha256_file
-from ..cache.store import PieceCache, atomic_write, caches_dir, current_rank
+from ..cache import trust
+from ..cache.store import HASH_RE, PieceCache, atomic_write, caches_dir, current_rank, damage
 from ..config import CompilationConfig
 from ..counters import compilation_counter
+from ..errors import CacheMiss
 from .compiled_function import loading_from
 
 logger = logging.getLogger("atom_compile")
@@ -90,17 +93,10 @@ def try_load(cc: CompilationConfig, compiler_factors: dict, device_type: str, pr
         return None
     start = time.perf_counter()
     path = _entry_path(root, entrypoint_key(cc, compiler_factors, device_type, model, args, prefix))
-    try:
-        entry = json.loads(path.read_text())
-        files = dict(entry["files"])
-        op_names = list(entry["custom_ops"])
-        recorded_hash = str(entry["hash"])
-        graph = entry["graph"]
-    except FileNotFoundError:
+    entry = _read_entry_point(root, path)
+    if entry is None:
         return None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        logger.warning("atom-compile: ignoring the damaged entry point %s (%s)", path, exc)
-        return None
+    files, op_names, recorded_hash, graph = entry
     changed = [p for p, digest in files.items() if sha256_file(p) != digest]
     if changed:
         logger.info("atom-compile: traced sources changed since the last compile (%s); tracing again",
@@ -113,28 +109,72 @@ def try_load(cc: CompilationConfig, compiler_factors: dict, device_type: str, pr
     cache = PieceCache.open(root, recorded_hash, current_rank(), prefix)
     if cache is None:
         return None
+    cache.write_factors(factors)  # checked (and repaired) as the tracing path does
     record = cache.read_index().get("dynamo_function")
     if not record:
         return None
-    problem = cache.verify(record["path"], record["sha256"])
-    if problem is not None:
-        compilation_counter.num_cache_errors += 1
-        logger.warning("atom-compile: saved Dynamo function %s is unusable: %s; tracing again",
-                       cache.artifact_path(record["path"]), problem)
+    target = cache.artifact_path(record["path"])
+    try:
+        data = cache.read_artifact(record["path"], record["sha256"])
+    except (OSError, ValueError) as exc:
+        reason = exc.reason if isinstance(exc, trust.Untrusted) else \
+            "the file is missing" if isinstance(exc, FileNotFoundError) else str(exc)
+        damage(target, reason, "tracing again.")
         return None
     try:
-        with open(cache.artifact_path(record["path"]), "rb") as f, loading_from(root):
-            loaded = torch.compiler.load_compiled_function(f, f_globals=f_globals, external_data={"model": model})
+        with loading_from(root):
+            loaded = torch.compiler.load_compiled_function(io.BytesIO(data), f_globals=f_globals,
+                                                           external_data={"model": model})
     except Exception as exc:
-        compilation_counter.num_cache_errors += 1
-        logger.warning("atom-compile: cannot load the saved Dynamo function %s (%s: %s); tracing again",
-                       cache.artifact_path(record["path"]), type(exc).__name__, str(exc)[:200])
+        cause = _cache_miss_in(exc)
+        if cause is not None:  # a piece is missing or damaged: named where it was found
+            logger.info("atom-compile: the saved Dynamo function %s cannot load its pieces (%s); tracing again",
+                        target, cause)
+        else:
+            damage(target, f"it does not load ({type(exc).__name__}: {str(exc)[:200]})", "tracing again.")
         return None
     cache.touch_last_used()
     compilation_counter.num_dynamo_functions_loaded += 1
     logger.info("atom-compile: warm start of %s from %s in %.2fs: saved Dynamo function and pieces "
                 "loaded, neither Dynamo nor Inductor ran", prefix, cache.path, time.perf_counter() - start)
     return loaded.fn
+
+
+def _read_entry_point(root: Path, path: Path) -> Optional[tuple[dict, list, str, Any]]:
+    """(files, custom ops, hash, graph digest) of an entry point read through the trust checks;
+    None if absent, or damaged (named once)."""
+    if not os.path.lexists(path):
+        return None
+    try:
+        entry = trust.loads_bounded(trust.read_bytes(root, path, trust.MAX_JSON_BYTES).decode())
+        if not HASH_RE.match(str(entry["hash"])):
+            raise ValueError(f"no cache hash in it ({str(entry['hash'])[:40]!r})")
+        return dict(entry["files"]), list(entry["custom_ops"]), str(entry["hash"]), entry["graph"]
+    except FileNotFoundError:
+        return None
+    except trust.Untrusted as exc:
+        damage(path, exc.reason, "tracing again (the entry point is rewritten).")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        damage(path, f"damaged entry point ({type(exc).__name__}: {exc})", "tracing again (it is rewritten).")
+    return None
+
+
+def _cache_miss_in(exc: BaseException) -> Optional[BaseException]:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, CacheMiss):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _every_piece_saved(result: Any) -> bool:
+    """Whether every compiled piece has a saved general-shape entry (else the saved function
+    could never load its pieces, and every later start would warn)."""
+    manager = result.manager
+    pieces = [item for item in result.items if not item.is_splitting_graph] if result.items else [None]
+    return all((None, index, manager.compiler.name) in manager.entries for index in range(len(pieces)))
 
 
 def save(compiled: Any, result: Any, cc: CompilationConfig, compiler_factors: dict, device_type: str,
@@ -144,13 +184,17 @@ def save(compiled: Any, result: Any, cc: CompilationConfig, compiler_factors: di
     cache: Optional[PieceCache] = result.cache
     if cache is None or not cache.writable or result.manager is None:
         return False
+    if not _every_piece_saved(result):
+        logger.info("atom-compile: not saving the Dynamo function: some pieces are not in the cache "
+                    "(compiler %s); the next start traces again", result.manager.compiler.name)
+        return False
     target = cache.path / FUNCTION_FILE
     try:
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=str(cache.path))
         os.close(fd)
         try:
             compiled.save_compiled_function(tmp, external_data={"model": model})
-            os.chmod(tmp, 0o644)
+            os.chmod(tmp, trust.FILE_MODE)
             os.replace(tmp, target)
         finally:
             if os.path.exists(tmp):
@@ -174,7 +218,10 @@ def save(compiled: Any, result: Any, cc: CompilationConfig, compiler_factors: di
     }
     path = _entry_path(cache.root, entrypoint_key(cc, compiler_factors, device_type, model, args, prefix))
     try:
-        path.parent.mkdir(mode=0o755, exist_ok=True)
+        trust.make_private_dir(path.parent)
+        if trust.path_problem(cache.root, path.parent) is not None:
+            raise PermissionError(f"{path.parent}: {trust.path_problem(cache.root, path.parent)}")
+        trust.unlink_in(cache.root, path)
         atomic_write(path, (json.dumps(entry, indent=1, sort_keys=True) + "\n").encode())
     except OSError as exc:
         cache.write_failed(path, exc)

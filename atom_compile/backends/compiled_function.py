@@ -161,7 +161,7 @@ def rebuild_from_cache(split_gm: fx.GraphModule, items: list[SplitItem], state: 
         raise CacheMiss("the cache directory is not usable")
     manager = CompilerManager(compiler, cache, cc.inductor_compile_config)
     compile_items = [item for item in items if not item.is_splitting_graph]
-    loaded = manager.load_general(len(compile_items))
+    loaded = manager.load_general(len(compile_items), [item.graph for item in compile_items])
     if loaded is None:
         raise CacheMiss("a piece is missing from the cache")
     compilation_counter.num_piecewise_graphs_seen += len(items)

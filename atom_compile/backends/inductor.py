@@ -72,14 +72,17 @@ def _unwrapped(fn: Callable, single: bool) -> Callable:
 
 
 def _atomic_save(path: str, save: Callable[[str], None]) -> None:
-    """Write through a temp file in the same directory, then rename (readers never see half)."""
+    """Write through a temp file in the same directory, then rename (readers never see half);
+    the directory is made 0700 and the file 0600, whatever the umask."""
     directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
+    if not os.path.isdir(directory):
+        os.mkdir(directory, 0o700)
+        os.chmod(directory, 0o700)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".bin", dir=directory)
     os.close(fd)
     try:
         save(tmp)
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, 0o600)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

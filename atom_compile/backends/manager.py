@@ -8,6 +8,7 @@ compiled once, and every later piece with the same content reuses that compiled 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
@@ -19,8 +20,8 @@ import torch.fx as fx
 
 from .base import CompilerInterface
 from ..counters import compilation_counter
-from ..cache.keys import content_key, sha256_file
-from ..cache.store import PieceCache, entry_key
+from ..cache.keys import content_key, graph_fingerprint, sha256_bytes, sha256_file
+from ..cache.store import PieceCache, damage, entry_key
 
 logger = logging.getLogger("atom_compile")
 
@@ -36,6 +37,20 @@ def _os_error_in(exc: BaseException) -> Optional[OSError]:
     return None
 
 
+def _graph_digest(graph: fx.GraphModule) -> str:
+    return sha256_bytes(graph_fingerprint(graph).encode())[:32]
+
+
+@contextlib.contextmanager
+def _private_umask():
+    """Everything Inductor creates while this is held is private to the user (umask 077)."""
+    old = os.umask(0o077)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
 class CompilerManager:
     """Compile-or-load for one backend instance (one traced graph)."""
 
@@ -47,6 +62,7 @@ class CompilerManager:
         index = cache.read_index() if cache is not None else {"entries": []}
         self.entries: dict[tuple, dict] = {entry_key(e): e for e in index.get("entries", [])}
         self.dynamo_function: Optional[dict] = index.get("dynamo_function")
+        self.inductor_files: dict[str, str] = dict(index.get("inductor_files") or {})
         self._by_content: dict[str, tuple[Callable, Optional[dict]]] = {}
         self._loaded: dict[str, Callable] = {}
         self._pending: list[dict] = []
@@ -54,20 +70,28 @@ class CompilerManager:
         self.compile_seconds = 0.0
         self.load_seconds = 0.0
         self._scratch_checked = False
+        self._scratch_used = False
+        self._private_scratch: Optional[str] = None
 
     @property
     def can_write(self) -> bool:
         return self.cache is not None and self.cache.writable
 
     def _scratch_dir(self) -> Optional[str]:
-        """Our directory for Inductor's files, after one test write there (a read-only or full
-        disk is found here, before Inductor's own probes fail quietly inside it)."""
+        """Our directory for Inductor's files, checked against the index's manifest before
+        Inductor may import anything from it, after one test write there (a read-only or full
+        disk is found here, before Inductor's own probes fail quietly inside it). Damage is
+        repaired into a fresh directory; one we must not touch is never used."""
         if not self.can_write:
             return None
-        directory = self.cache.path / "inductor"
+        if self._private_scratch is not None:
+            return self._private_scratch
+        directory = self.cache.scratch_path
         if not self._scratch_checked:
             try:
-                directory.mkdir(mode=0o755, exist_ok=True)
+                self._check_scratch()
+                if self._private_scratch is not None:
+                    return self._private_scratch
                 fd, probe = tempfile.mkstemp(prefix=".probe-", dir=str(directory))
                 os.write(fd, b"ok")
                 os.close(fd)
@@ -78,20 +102,48 @@ class CompilerManager:
             self._scratch_checked = True
         return str(directory)
 
+    def _check_scratch(self) -> None:
+        directory = self.cache.scratch_path
+        if not os.path.lexists(directory):
+            from ..cache.trust import make_private_dir
+
+            make_private_dir(directory)
+            return
+        problem = self.cache.scratch_problem(self.inductor_files)
+        if problem is None:
+            return
+        try:
+            st = os.lstat(directory)
+            if os.path.islink(directory) or (hasattr(os, "geteuid") and st.st_uid != os.geteuid()):
+                raise PermissionError(f"{directory} is not ours to repair")
+            kept = self.cache.fresh_scratch(self.inductor_files)
+        except OSError as exc:
+            damage(directory, problem, "compiling in memory: Inductor's files go to a private temp "
+                   f"directory and nothing is saved ({exc}).")
+            self._private_scratch = tempfile.mkdtemp(prefix="atom-inductor-")
+            self.cache.writable = False
+            return
+        damage(directory, problem, "repairing it: a fresh directory with the files that pass their "
+               "digests; Inductor rebuilds the rest.")
+        self.inductor_files = kept
+        self._scratch_used = True
+
     def _with_scratch(self, call: Callable[[], Any]) -> Any:
         """Run a compile or load with Inductor's own files (the CPU libraries an artifact names)
-        beside our artifacts. If writing there fails (a read-only or full disk that we learn of
-        only now), say so once and run again with Inductor's default place."""
+        beside our artifacts, under umask 077. If writing there fails (a read-only or full disk
+        that we learn of only now), say so once and run again with Inductor's default place."""
         self.compiler.inductor_dir = self._scratch_dir()
         if self.compiler.inductor_dir is None:
             return call()
+        self._scratch_used = True
         try:
-            return call()
+            with _private_umask():
+                return call()
         except Exception as exc:
             error = _os_error_in(exc)
             if error is None:
                 raise
-            self.cache.write_failed(self.cache.path / "inductor", error)
+            self.cache.write_failed(self.cache.scratch_path, error)
             self.compiler.inductor_dir = None
             return call()
         finally:
@@ -113,13 +165,13 @@ class CompilerManager:
         else:
             compilation_counter.num_concrete_compilations += 1
         key = (runtime_shape, graph_index, self.compiler.name)
-        entry = self.entries.get(key)
+        ck = content_key(graph, example_inputs, runtime_shape, self.compiler.name, self.compiler_config)
+        entry = self._bound_entry(key, ck)
         if entry is not None:
             fn = self._load(entry, graph, example_inputs, graph_index, runtime_shape)
             if fn is not None:
                 return fn
 
-        ck = content_key(graph, example_inputs, runtime_shape, self.compiler.name, self.compiler_config)
         if ck in self._by_content:
             fn, proto = self._by_content[ck]
             compilation_counter.num_deduplicated_pieces += 1
@@ -145,7 +197,7 @@ class CompilerManager:
         if self.compiler.last_save_error is not None and self.cache is not None:
             self.cache.write_failed(self.cache.path, self.compiler.last_save_error)
             self.compiler.last_save_error = None
-        entry = self._publish(handle, ck) if handle is not None else None
+        entry = self._publish(handle, ck, graph) if handle is not None else None
         if entry is not None:
             self._record(entry, graph_index, runtime_shape, shape_locator)
         self._by_content[ck] = (fn, entry)
@@ -153,7 +205,21 @@ class CompilerManager:
                      runtime_shape if runtime_shape is not None else "general", time.perf_counter() - start)
         return fn
 
-    def _publish(self, handle: dict, ck: str) -> Optional[dict]:
+    def _bound_entry(self, key: tuple, ck: str) -> Optional[dict]:
+        """The index entry for `key` if it was made for this piece's content; an entry bound
+        to other content (moved or swapped in the index) is damage: named once and dropped."""
+        entry = self.entries.get(key)
+        if entry is None or entry["content_key"] == ck:
+            return entry
+        assert self.cache is not None
+        damage(self.cache.index_path, f"its entry for piece {key[1]} (shape "
+               f"{key[0] if key[0] is not None else 'general'}) names content {entry['content_key'][:12]}..., "
+               f"this piece is {ck[:12]}...", "recompiling the piece and rewriting the entry.")
+        del self.entries[key]
+        self._remove.append(key)
+        return None
+
+    def _publish(self, handle: dict, ck: str, graph: fx.GraphModule) -> Optional[dict]:
         """Rename a freshly written artifact to its digest's name and make its index entry."""
         assert self.cache is not None
         staging = self.cache.artifact_path(handle["path"])
@@ -163,9 +229,9 @@ class CompilerManager:
         final_rel = os.path.join(os.path.dirname(handle["path"]), f"{digest[:32]}{os.path.splitext(handle['path'])[1]}")
         final = self.cache.artifact_path(final_rel)
         try:
-            if final.exists():
+            if self.cache.verify(final_rel, digest) is None:
                 staging.unlink()  # identical bytes already published (another process, another piece)
-            else:
+            else:  # absent, or a damaged / untrusted file under that name: replaced, never trusted
                 os.replace(staging, final)
         except OSError as exc:
             self.cache.write_failed(final, exc)
@@ -173,6 +239,7 @@ class CompilerManager:
         compilation_counter.num_compiled_artifacts_saved += 1
         return {
             "content_key": ck,
+            "graph": _graph_digest(graph),
             "compiler": self.compiler.name,
             "handle": dict(handle, path=final_rel),
             "sha256": digest,
@@ -214,9 +281,7 @@ class CompilerManager:
                 self._loaded[rel] = fn
                 self._by_content[entry["content_key"]] = (fn, entry)
                 return fn
-        compilation_counter.num_cache_errors += 1
-        logger.warning("atom-compile: cache artifact %s is unusable: %s; recompiling it.",
-                       self.cache.artifact_path(rel), problem)
+        damage(self.cache.artifact_path(rel), problem, "recompiling it.")
         self.cache.discard(rel)
         for key in [k for k, e in self.entries.items() if e["handle"]["path"] == rel]:
             del self.entries[key]
@@ -225,13 +290,23 @@ class CompilerManager:
 
     # --- warm start without example inputs -------------------------------------------------
 
-    def load_general(self, num_pieces: int) -> Optional[list[tuple[Callable, Optional[list[int]]]]]:
+    def load_general(self, num_pieces: int, graphs: Optional[list[fx.GraphModule]] = None
+                     ) -> Optional[list[tuple[Callable, Optional[list[int]]]]]:
         """Every piece's general-shape callable and shape locator from the index, or None if
-        any is missing or unusable (the caller then traces with Dynamo)."""
+        any is missing or unusable (the caller then traces with Dynamo). With `graphs`, each
+        entry must have been made for that piece's graph (else it is damage)."""
         out = []
         for index in range(num_pieces):
-            entry = self.entries.get((None, index, self.compiler.name))
+            key = (None, index, self.compiler.name)
+            entry = self.entries.get(key)
             if entry is None:
+                return None
+            if graphs is not None and entry.get("graph") not in (None, _graph_digest(graphs[index])):
+                damage(self.cache.index_path if self.cache else "the index", f"its entry for piece {index} "
+                       "(shape general) was made for another graph", "tracing and recompiling the piece.")
+                del self.entries[key]
+                self._remove.append(key)
+                self.flush()
                 return None
             fn = self._load(entry, None, None, index, None)
             if fn is None:
@@ -247,8 +322,9 @@ class CompilerManager:
         """Write what this manager added (or dropped) to the index, merged under the lock."""
         if self.cache is None:
             return
-        if self._pending or self._remove or dynamo_function is not None or self.cache._repair:
-            if self.cache.commit(self._pending, self._remove, dynamo_function):
+        if self._pending or self._remove or dynamo_function is not None or self.cache._repair or self._scratch_used:
+            if self.cache.commit(self._pending, self._remove, dynamo_function, scratch_used=self._scratch_used):
                 if dynamo_function is not None:
                     self.dynamo_function = dynamo_function
             self._pending, self._remove = [], []
+            self._scratch_used = False

@@ -1,14 +1,18 @@
 """Export one cache to a .tar.gz, and import such an archive, all or nothing.
 
-Import checks every member before writing a byte, extracts into a temp dir inside the root,
-checks every artifact against its index, then renames each cache into place. Inductor's own
-files (`inductor/` beside each index) never travel: no digest covers them.
+Export ships what the indexes name: each index, its artifacts and Dynamo function, the
+Inductor files its manifest covers (so an import warm-starts with no compiler run), the key
+factors and the entry points. Import checks every member and the expanded size before writing
+a byte, extracts into a private temp dir inside the root, checks every named file against its
+digest, assembles a new cache of only those files (private modes), and renames it into place.
+A cache or entry point already present is never touched.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 import tarfile
 import tempfile
 import zlib
@@ -25,11 +29,11 @@ from .inventory import (
     entrypoints,
     read_cache,
 )
-from .store import CACHE_SUBDIR, FACTORS_FILE, HASH_RE, IN_USE_FILE, LAST_USED_FILE, caches_dir, trust_problem
+from . import trust
+from .store import CACHE_SUBDIR, FACTORS_FILE, HASH_RE, INDEX_FILE, caches_dir
 from .verify import verify_cache, verify_piece
 
-# Files a process keeps for itself; they never travel in an export.
-_LOCAL_FILES = {IN_USE_FILE, LAST_USED_FILE, ".index.lock"}
+MAX_IMPORT_BYTES = 8 << 30  # the most an archive may expand to
 
 def _normalised(info: tarfile.TarInfo) -> tarfile.TarInfo:
     """Archive members carry no owner and plain modes: the importer owns what it places."""
@@ -44,7 +48,8 @@ def export_cache(root: Path, cache_hash: str, output: Path) -> dict:
 
     The cache is verified first: shipping damage would only move the problem elsewhere.
     Returns {"hash", "output", "bytes" (the archive), "files", "entrypoints", "artifacts",
-    "dynamo_functions", "cache_bytes" (what went in, uncompressed), "scratch_bytes" (left out)}.
+    "dynamo_functions", "cache_bytes" (what went in, uncompressed, Inductor files aside),
+    "scratch_bytes" (Inductor's files), "scratch_shipped" (their part that went in)}.
     """
     info = read_cache(root, cache_hash)
     damage = verify_cache(info)
@@ -65,7 +70,8 @@ def export_cache(root: Path, cache_hash: str, output: Path) -> dict:
         with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
             base = f"{CACHE_SUBDIR}/{cache_hash}"
             tar.add(str(info.path), arcname=base, recursive=False, filter=_normalised)
-            for path in _exported_files(info.path):
+            shipped = _named_files(info)
+            for path in _with_parents(info.path, shipped):
                 rel = path.relative_to(info.path).as_posix()
                 tar.add(str(path), arcname=f"{base}/{rel}", recursive=False, filter=_normalised)
                 files += 1
@@ -83,26 +89,31 @@ def export_cache(root: Path, cache_hash: str, output: Path) -> dict:
         raise
     return {"hash": cache_hash, "output": str(output), "bytes": output.stat().st_size, "files": files,
             "entrypoints": len(points), "artifacts": info.artifacts, "dynamo_functions": info.dynamo_functions,
-            "cache_bytes": info.cache_bytes, "scratch_bytes": info.scratch_bytes}
+            "cache_bytes": info.cache_bytes, "scratch_bytes": info.scratch_bytes,
+            "scratch_shipped": sum(os.lstat(p).st_size for p in shipped if SCRATCH_DIR in p.relative_to(info.path).parts)}
 
 
 
 
-def _exported_files(cache_path: Path) -> list[Path]:
-    """Regular files and directories of a cache, without process-local, temp and scratch files."""
-    out = []
-    for dirpath, dirnames, filenames in os.walk(cache_path):
-        here = Path(dirpath)
-        in_piece_dir = len(here.relative_to(cache_path).parts) == 2  # rank_<r>/<prefix>
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and not (in_piece_dir and d == SCRATCH_DIR))
-        if here != cache_path:
-            out.append(here)
-        for name in sorted(filenames):
-            path = here / name
-            if name in _LOCAL_FILES or name.startswith(".") or path.is_symlink() or not path.is_file():
-                continue
-            out.append(path)
-    return out
+def _named_files(info) -> list[Path]:
+    """The files of a cache that its indexes name (index, artifacts, Dynamo function, the
+    Inductor files of the manifest) and its key factors: what an export ships."""
+    out = [info.path / FACTORS_FILE] if (info.path / FACTORS_FILE).is_file() else []
+    for piece in info.pieces:
+        if piece.index is None:
+            continue
+        out.append(piece.path / INDEX_FILE)
+        out += [piece.path / rel for rel in piece.artifact_paths]
+        if piece.dynamo_function:
+            out.append(piece.path / piece.dynamo_function["path"])
+        out += [piece.path / SCRATCH_DIR / rel for rel in sorted(piece.inductor_files)]
+    return sorted(set(out))
+
+
+def _with_parents(base: Path, files: list[Path]) -> list[Path]:
+    """`files` preceded by every directory between `base` and them, parents first."""
+    dirs = {parent for f in files for parent in f.relative_to(base).parents if str(parent) != "."}
+    return sorted((base / d for d in dirs), key=lambda p: len(p.parts)) + files
 
 
 def _member_target(member: tarfile.TarInfo) -> tuple[str, PurePosixPath]:
@@ -128,8 +139,6 @@ def _member_target(member: tarfile.TarInfo) -> tuple[str, PurePosixPath]:
         raise ArchiveError(f"archive member {name!r} is not an entry point file; refusing the archive")
     if not HASH_RE.match(rest[0]):
         raise ArchiveError(f"archive member {name!r} is not inside a cache <hash>/ directory; refusing the archive")
-    if len(rest) >= 4 and rest[3] == SCRATCH_DIR:  # <hash>/rank_<r>/<prefix>/inductor
-        raise ArchiveError(f"archive member {name!r} is compiler scratch that no digest covers; refusing the archive")
     return "cache", PurePosixPath(*rest)
 
 
@@ -149,12 +158,11 @@ def _open_archive(path: Path) -> tarfile.TarFile:
 
 
 def _extract(tar: tarfile.TarFile, staging: Path) -> tuple[set[str], list[str]]:
-    """Write every checked member under `staging` (no links, nothing outside it).
+    """Write every checked member under `staging` (no links, nothing outside it, private modes).
     Returns (hashes, entry point names)."""
     hashes: set[str] = set()
     points: list[str] = []
-    members = tar.getmembers()
-    for member in members:
+    for member in tar.getmembers():
         kind, rel = _member_target(member)
         if kind == "root":
             continue
@@ -165,25 +173,30 @@ def _extract(tar: tarfile.TarFile, staging: Path) -> tuple[set[str], list[str]]:
             hashes.add(rel.parts[0])
             target = staging / "caches" / rel
         if member.isdir():
-            target.mkdir(mode=0o755, parents=True, exist_ok=True)
+            trust.make_private_dirs(staging, target)
             continue
-        target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        trust.make_private_dirs(staging, target.parent)
         source = tar.extractfile(member)
         if source is None:
             raise ArchiveError(f"archive member {member.name!r} has no data; refusing the archive")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-        try:
-            fd = os.open(target, flags, 0o644)
-        except FileExistsError:
-            raise ArchiveError(f"archive member {member.name!r} appears twice; refusing the archive") from None
-        with os.fdopen(fd, "wb") as out:
-            shutil.copyfileobj(source, out, 1 << 20)
+        _write_new(target, lambda out: shutil.copyfileobj(source, out, 1 << 20), member.name)
     return hashes, points
 
 
-def _check_staged(staged: Path, cache_hash: str) -> None:
-    """A staged cache must have at least one valid index, and every digest must match."""
-    pieces = piece_dirs(staged)
+def _write_new(target: Path, write, what: str) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(target, flags, trust.FILE_MODE)
+    except FileExistsError:
+        raise ArchiveError(f"archive member {what!r} appears twice; refusing the archive") from None
+    with os.fdopen(fd, "wb") as out:
+        write(out)
+
+
+def _check_staged(staging: Path, staged: Path, cache_hash: str) -> list:
+    """The staged cache's usable pieces; ArchiveError unless it has an index and every digest
+    (artifacts, Dynamo functions, the Inductor files of each manifest) matches."""
+    pieces = piece_dirs(staging, staged)
     indexed = [p for p in pieces if p.index is not None or p.problem]
     if not indexed:
         raise ArchiveError(f"the archive's cache {cache_hash} has no index.json; refusing it")
@@ -193,35 +206,48 @@ def _check_staged(staged: Path, cache_hash: str) -> None:
             rel = damage[0].path.relative_to(staged).as_posix()
             raise ArchiveError(f"the archive's cache {cache_hash} is damaged ({rel}: {damage[0].reason}); "
                                "nothing was imported")
-    factors, problem = read_json(staged / FACTORS_FILE)
+    factors, problem = read_json(staging, staged / FACTORS_FILE)
     if problem or (factors is not None and not isinstance(factors, dict)):
         raise ArchiveError(f"the archive's {cache_hash}/{FACTORS_FILE} is unusable ({problem or 'not an object'})")
+    return indexed
 
 
-def _check_entrypoint(path: Path, hashes: set[str]) -> None:
-    doc, problem = read_json(path)
+def _check_entrypoint(staging: Path, path: Path, hashes: set[str]) -> None:
+    doc, problem = read_json(staging, path)
     if problem or not isinstance(doc, dict) or doc.get("hash") not in hashes:
         raise ArchiveError(f"the archive's entry point {path.name} does not name a cache in the archive; refusing it")
 
 
-def _mkdir_owned(path: Path) -> None:
-    """Create `path` (and parents) 0755, as store.py would, and refuse one we must not trust."""
-    path.mkdir(mode=0o755, parents=True, exist_ok=True)
-    problem = trust_problem(path)
+def _mkdir_owned(root: Path, path: Path) -> None:
+    """Create `path` (and the directories from `root` down) private, as store.py would, and
+    refuse one we must not trust."""
+    try:
+        trust.make_private_dirs(root, path)
+    except OSError as exc:
+        raise ArchiveError(f"not importing into {path}: {getattr(exc, 'reason', None) or exc}") from None
+    problem = trust.path_problem(root, path)
     if problem:
         raise ArchiveError(f"not importing into {path}: {problem}")
 
 
-def import_archive(root: Path, archive: Path) -> dict:
+def _expanded_size(members: list[tarfile.TarInfo], archive: Path, limit: int) -> None:
+    total = sum(m.size for m in members if m.isfile())
+    if total > limit:
+        raise ArchiveError(f"{archive} expands to {total} bytes, more than the {limit} allowed; "
+                           "refusing the archive")
+
+
+def import_archive(root: Path, archive: Path, max_bytes: int = MAX_IMPORT_BYTES) -> dict:
     """Place the caches of an exported archive under `root`, all or nothing.
 
     Every member is checked before anything is written (relative, under
-    `torch_compile_cache/<hash>/` or `entrypoints/`, a regular file or directory), then the
-    archive is extracted into a temp dir inside the root, every artifact is checked against its
-    index, and each cache is renamed into place. A cache already present is left as it is.
-    Returns {"imported": [hashes], "present": [hashes], "entrypoints": n}.
+    `torch_compile_cache/<hash>/` or `entrypoints/`, a regular file or directory) and the sizes
+    they expand to are summed against `max_bytes`; then the archive is extracted into a private
+    temp dir inside the root, every file an index names is checked against its digest, and a
+    cache of only those files is renamed into place. A cache or entry point already present is
+    left as it is (never overwritten). Returns {"imported", "present", "entrypoints"}.
     """
-    root = Path(root)
+    root = Path(os.path.abspath(root))
     with _open_archive(archive) as tar:
         try:
             members = tar.getmembers()
@@ -229,44 +255,70 @@ def import_archive(root: Path, archive: Path) -> dict:
             raise ArchiveError(f"{archive} is not a readable .tar.gz archive ({exc})") from None
         for member in members:
             _member_target(member)  # refuse before writing a single byte
+        _expanded_size(members, archive, max_bytes)
         caches = caches_dir(root)
-        _mkdir_owned(caches)
+        _mkdir_owned(root, caches)
         staging = Path(tempfile.mkdtemp(prefix=".import-", dir=str(caches)))
         try:
             try:
                 hashes, points = _extract(tar, staging)
             except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
                 raise ArchiveError(f"{archive} is truncated or damaged ({exc}); nothing was imported") from None
-            return _place(caches, staging, hashes, points)
+            return _place(root, staging, hashes, points)
         finally:
-            shutil.rmtree(staging, ignore_errors=True)
+            trust.remove_tree(root, staging)
 
 
-def _place(caches: Path, staging: Path, hashes: set[str], points: list[str]) -> dict:
+def _assemble(staging: Path, cache_hash: str, pieces: list) -> Path:
+    """A new directory holding only the named, verified files of a staged cache."""
+    staged, clean = staging / "caches" / cache_hash, staging / "clean" / cache_hash
+    trust.make_private_dirs(staging, clean)
+    files = [staged / FACTORS_FILE] if (staged / FACTORS_FILE).is_file() else []
+    for piece in pieces:
+        files.append(piece.path / INDEX_FILE)
+        files += [piece.path / rel for rel in piece.artifact_paths]
+        if piece.dynamo_function:
+            files.append(piece.path / piece.dynamo_function["path"])
+        files += [piece.path / SCRATCH_DIR / rel for rel in piece.inductor_files]
+    for source in sorted(set(files)):
+        target = clean / source.relative_to(staged)
+        trust.make_private_dirs(staging, target.parent)
+        st = os.lstat(source)
+        if not stat.S_ISREG(st.st_mode):
+            raise ArchiveError(f"the archive's {source.relative_to(staged)} is not a regular file")
+        os.rename(source, target)
+        os.chmod(target, trust.FILE_MODE | (st.st_mode & 0o100))
+    return clean
+
+
+def _place(root: Path, staging: Path, hashes: set[str], points: list[str]) -> dict:
     if not hashes:
         raise ArchiveError("the archive holds no cache (no torch_compile_cache/<hash>/ directory)")
-    for cache_hash in sorted(hashes):
-        _check_staged(staging / "caches" / cache_hash, cache_hash)
+    caches = caches_dir(root)
+    clean = {h: _assemble(staging, h, _check_staged(staging, staging / "caches" / h, h)) for h in sorted(hashes)}
     for name in points:
-        _check_entrypoint(staging / ENTRYPOINTS / name, hashes)
+        _check_entrypoint(staging, staging / ENTRYPOINTS / name, hashes)
     imported, present = [], []
-    for cache_hash in sorted(hashes):
-        source, target = staging / "caches" / cache_hash, caches / cache_hash
-        for dirpath, _, _ in os.walk(source):
-            os.chmod(dirpath, 0o755)
-        if target.exists():
+    for cache_hash, source in clean.items():
+        target = caches / cache_hash
+        if os.path.lexists(target):
             present.append(cache_hash)
             continue
         try:
             os.rename(source, target)  # atomic: the cache appears whole or not at all
         except OSError:
-            if target.exists():  # another import won the race
+            if os.path.lexists(target):  # another import won the race
                 present.append(cache_hash)
                 continue
             raise
         imported.append(cache_hash)
+    placed = 0
     if points:
-        _mkdir_owned(caches / ENTRYPOINTS)
+        _mkdir_owned(root, caches / ENTRYPOINTS)
     for name in points:
-        os.replace(staging / ENTRYPOINTS / name, caches / ENTRYPOINTS / name)
-    return {"imported": imported, "present": present, "entrypoints": len(points)}
+        try:  # a link never replaces an existing name: an entry point already there stays
+            os.link(staging / ENTRYPOINTS / name, caches / ENTRYPOINTS / name)
+            placed += 1
+        except FileExistsError:
+            continue
+    return {"imported": imported, "present": present, "entrypoints": placed}

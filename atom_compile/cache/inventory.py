@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from ..errors import AtomCompileError
+from . import trust
+from .scratch import SCRATCH_DIR
 from .store import (
     FACTORS_FILE,
     HASH_RE,
@@ -37,13 +39,9 @@ from .store import (
     caches_dir,
     hash_dir,
     parse_index,
-    trust_problem,
 )
 
 ENTRYPOINTS = "entrypoints"  # the same name as aot.ENTRYPOINTS (aot imports torch)
-# Inductor's own files for the pieces (CPU libraries, generated code) in rank_<r>/<prefix>/:
-# no digest covers them, so they never travel; a start rebuilds them when they are missing.
-SCRATCH_DIR = "inductor"
 _RANK_RE = re.compile(r"^rank_(\d+)$")
 PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 ENTRYPOINT_RE = re.compile(r"^[A-Za-z0-9_-]+\.json$")
@@ -81,6 +79,7 @@ class PieceDir:
     rank: int
     prefix: str
     path: Path
+    root: Path  # the directory the trust checks start from (the cache root, or import staging)
     index: Optional[dict] = None
     problem: Optional[str] = None  # why an existing index cannot be used
 
@@ -96,6 +95,11 @@ class PieceDir:
     def artifact_paths(self) -> list[str]:
         """The distinct artifact files of the index (deduplicated pieces share one)."""
         return sorted({e["handle"]["path"] for e in self.entries})
+
+    @property
+    def inductor_files(self) -> dict[str, str]:
+        """The manifest: Inductor's own files for these pieces and their sha256."""
+        return dict((self.index or {}).get("inductor_files") or {})
 
     @property
     def has_scratch(self) -> bool:
@@ -118,7 +122,7 @@ class CacheInfo:
     pieces: list[PieceDir] = field(default_factory=list)
     created: Optional[float] = None
     last_used: Optional[float] = None
-    trust: Optional[str] = None  # why atom-compile would refuse to use it
+    trust: list[str] = field(default_factory=list)  # why atom-compile would refuse parts of it
 
     @property
     def entries(self) -> list[dict]:
@@ -164,30 +168,39 @@ class CacheInfo:
         out = [f"{p.path.relative_to(self.path)}/{INDEX_FILE}: {p.problem}" for p in self.pieces if p.problem]
         if self.factors_problem:
             out.append(f"{FACTORS_FILE}: {self.factors_problem}")
-        if self.trust:
-            out.append(f"refused by atom-compile: {self.trust}")
+        out.extend(f"untrusted: {t}" for t in self.trust)
         return out
 
 
-def read_json(path: Path) -> tuple[Optional[Any], Optional[str]]:
-    """(document, None) or (None, why not); (None, None) if the file does not exist."""
+def read_json(root: Path, path: Path) -> tuple[Optional[Any], Optional[str]]:
+    """(document, None) or (None, why not); (None, None) if the file does not exist. Read
+    through the trust checks from `root` down, size and nesting bounded."""
     try:
-        text = path.read_text()
+        text = trust.read_bytes(root, path, trust.MAX_JSON_BYTES).decode()
     except FileNotFoundError:
         return None, None
+    except trust.Untrusted as exc:
+        if not os.path.lexists(path) and "missing" in exc.reason:
+            return None, None
+        return None, f"untrusted: {exc.reason}"
     except (OSError, UnicodeDecodeError) as exc:
         return None, f"cannot read it ({getattr(exc, 'strerror', None) or exc})"
     try:
-        return json.loads(text), None
+        return trust.loads_bounded(text), None
     except json.JSONDecodeError as exc:
         return None, f"not JSON ({exc.msg} at line {exc.lineno})"
+    except ValueError as exc:
+        return None, f"refused before parsing: {exc}"
 
 
-def _read_piece(rank: int, prefix: str, path: Path) -> PieceDir:
-    piece = PieceDir(rank, prefix, path)
+def _read_piece(root: Path, rank: int, prefix: str, path: Path) -> PieceDir:
+    piece = PieceDir(rank, prefix, path, root)
     try:
-        text = (path / INDEX_FILE).read_text()
+        text = trust.read_bytes(root, path / INDEX_FILE, trust.MAX_JSON_BYTES).decode()
     except FileNotFoundError:
+        return piece
+    except trust.Untrusted as exc:
+        piece.problem = f"untrusted: {exc.reason}"
         return piece
     except (OSError, UnicodeDecodeError) as exc:
         piece.problem = f"cannot read it ({getattr(exc, 'strerror', None) or exc})"
@@ -209,7 +222,8 @@ def _subdirs(path: Path) -> Iterator[os.DirEntry]:
         return
 
 
-def piece_dirs(cache_path: Path) -> list[PieceDir]:
+def piece_dirs(root: Path, cache_path: Path) -> list[PieceDir]:
+    """Every `rank_<r>/<prefix>/` of a cache, its index read through the trust checks."""
     pieces = []
     for rank_entry in _subdirs(cache_path):
         match = _RANK_RE.match(rank_entry.name)
@@ -217,7 +231,7 @@ def piece_dirs(cache_path: Path) -> list[PieceDir]:
             continue
         for prefix_entry in _subdirs(Path(rank_entry.path)):
             if PREFIX_RE.match(prefix_entry.name):
-                pieces.append(_read_piece(int(match.group(1)), prefix_entry.name, Path(prefix_entry.path)))
+                pieces.append(_read_piece(root, int(match.group(1)), prefix_entry.name, Path(prefix_entry.path)))
     return sorted(pieces, key=lambda p: (p.rank, p.prefix))
 
 
@@ -260,14 +274,16 @@ def read_cache(root: Path, cache_hash: str) -> CacheInfo:
     if not path.is_dir():
         raise CacheNotFound(f"no cache {cache_hash} under {caches_dir(root)}")
     info = CacheInfo(cache_hash, path)
+    info.trust = trust.tree_problems(root, path, limit=10)
+    if os.path.islink(path):  # never read through it
+        return info
     info.bytes, info.files = disk_usage(path)
-    factors, info.factors_problem = read_json(path / FACTORS_FILE)
+    factors, info.factors_problem = read_json(root, path / FACTORS_FILE)
     if factors is not None and not isinstance(factors, dict):
         factors, info.factors_problem = None, "not a JSON object"
     info.factors = factors
-    info.pieces = piece_dirs(path)
+    info.pieces = piece_dirs(root, path)
     info.scratch_bytes, info.scratch_files = _scratch_usage(info.pieces)
-    info.trust = next((p for p in (trust_problem(d) for d in (caches_dir(root), path)) if p), None)
     created = [p.index["created"] for p in info.pieces if p.index and isinstance(p.index.get("created"), (int, float))]
     updated = [p.index["updated"] for p in info.pieces if p.index and isinstance(p.index.get("updated"), (int, float))]
     info.created = min(created) if created else _mtime(path / FACTORS_FILE) or _mtime(path)
@@ -279,7 +295,12 @@ def read_cache(root: Path, cache_hash: str) -> CacheInfo:
 
 def cache_hashes(root: Path) -> list[str]:
     """The hashes of the caches under `root` (directories named by 16 hex digits)."""
-    return sorted(e.name for e in _subdirs(caches_dir(root)) if HASH_RE.match(e.name))
+    try:
+        with os.scandir(caches_dir(root)) as it:
+            names = [e.name for e in it if HASH_RE.match(e.name) and (e.is_dir() or e.is_symlink())]
+    except OSError:
+        return []
+    return sorted(names)
 
 
 def list_caches(root: Path) -> list[CacheInfo]:
@@ -332,7 +353,7 @@ def entrypoints(root: Path) -> list[EntryPoint]:
     for name in names:
         if not ENTRYPOINT_RE.match(name):
             continue
-        doc, problem = read_json(directory / name)
+        doc, problem = read_json(root, directory / name)
         cache_hash = doc.get("hash") if isinstance(doc, dict) else None
         if problem is None and not (isinstance(cache_hash, str) and HASH_RE.match(cache_hash)):
             problem, cache_hash = "no cache hash in it", None

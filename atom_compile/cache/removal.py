@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -17,7 +16,8 @@ from typing import Iterable, Optional
 
 import filelock
 
-from .inventory import CacheInfo, entrypoints
+from . import trust
+from .inventory import ENTRYPOINTS, CacheInfo, entrypoints
 from .store import IN_USE_FILE, caches_dir
 
 
@@ -33,7 +33,7 @@ def _try_exclusive(path: Path) -> Optional[int]:
     """An fd holding an exclusive flock on `path`, or None if a process holds it (shared)."""
     import fcntl
 
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), trust.FILE_MODE)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -52,6 +52,9 @@ def remove_cache(root: Path, info: CacheInfo) -> Removal:
     correct result without the cache) and every index lock (no commit is half-way). The
     directory is renamed away first, so nobody finds a half-removed cache under its hash.
     """
+    refusal = _refusal(root, info)
+    if refusal is not None:
+        return Removal(info.hash, info.bytes, False, refusal)
     try:
         fd = _try_exclusive(info.path / IN_USE_FILE)
     except OSError as exc:
@@ -66,8 +69,26 @@ def remove_cache(root: Path, info: CacheInfo) -> Removal:
         return Removal(info.hash, info.bytes, False, f"cannot remove it ({exc.strerror or exc})")
     finally:
         os.close(fd)
-    shutil.rmtree(doomed, ignore_errors=True)
+    try:
+        trust.remove_tree(root, doomed)
+    except OSError as exc:  # moved aside already: hidden, never used again
+        return Removal(info.hash, info.bytes, True, f"left {doomed} ({exc})")
     return Removal(info.hash, info.bytes, True)
+
+
+def _refusal(root: Path, info: CacheInfo) -> Optional[str]:
+    """Why a cache must not be removed: it is a link, or reached through an untrusted directory
+    (removal never follows a link out of the root, nor deletes where others can write)."""
+    if os.path.islink(info.path):
+        return "it is a symbolic link; not following it out of the cache root"
+    problem = trust.path_problem(root, caches_dir(root))
+    if problem is not None:
+        return f"untrusted: {problem}"
+    for piece in info.pieces:
+        lock = piece.path / ".index.lock"
+        if os.path.islink(lock):
+            os.unlink(lock)  # a link where a lock belongs: taking the lock would follow it
+    return None
 
 
 def _move_aside(root: Path, info: CacheInfo) -> Path:
@@ -91,7 +112,7 @@ def remove_entrypoints(root: Path, hashes: Iterable[str], unreadable: bool = Fal
     for ep in entrypoints(root):
         if ep.hash in wanted or (unreadable and ep.hash is None):
             try:
-                ep.path.unlink()
+                trust.unlink_in(root, caches_dir(root) / ENTRYPOINTS / ep.path.name)
                 removed.append(ep.path)
             except OSError:
                 pass

@@ -29,19 +29,26 @@ from typing import Any, Optional
 import filelock
 
 from .. import envs
-from .._version import __version__
 from ..errors import AtomValueError, IndexInvalid
+from . import scratch, trust
+from .index import (  # noqa: F401  (re-exported: the layout's readers import them from here)
+    INDEX_FILE,
+    INDEX_FORMAT,
+    INDEX_VERSION,
+    bind,
+    check_rel_path,
+    entry_binding,
+    entry_key,
+    new_document,
+    parse_index,
+)
 
 logger = logging.getLogger("atom_compile")
 
 CACHE_SUBDIR = "torch_compile_cache"
-INDEX_FILE = "index.json"
-INDEX_FORMAT = "atom-compile-index"
-INDEX_VERSION = 1
 IN_USE_FILE = ".in_use"
 LAST_USED_FILE = "last_used"
 HASH_RE = re.compile(r"^[0-9a-f]{16}$")
-_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 FACTORS_FILE = "cache_key_factors.json"
@@ -50,7 +57,7 @@ _warned: set[str] = set()
 
 
 def sha256_file(path: str) -> Optional[str]:
-    """The file's sha256 (hex), or None if it cannot be read."""
+    """The file's sha256 (hex), or None if it cannot be read (files outside the cache)."""
     try:
         with open(path, "rb") as f:
             digest = hashlib.sha256()
@@ -61,13 +68,16 @@ def sha256_file(path: str) -> Optional[str]:
         return None
 
 
-def digest_problem(path: Path, sha256: Any) -> Optional[str]:
-    """None if `path` is a readable file whose sha256 is `sha256`, else why not."""
-    if not Path(path).is_file():
+def digest_problem(root: Path, path: Path, sha256: Any) -> Optional[str]:
+    """None if `path` is a trusted file under `root` whose sha256 is `sha256`, else why not."""
+    try:
+        digest = trust.sha256_trusted(root, path)
+    except FileNotFoundError:
         return "the file is missing"
-    digest = sha256_file(str(path))
-    if digest is None:
-        return "the file cannot be read"
+    except trust.Untrusted as exc:
+        return f"untrusted: {exc.path}: {exc.reason}"
+    except OSError as exc:
+        return f"the file cannot be read ({exc.strerror or exc})"
     if digest != sha256:
         return f"its sha256 is {digest[:12]}..., the index recorded {str(sha256)[:12]}..."
     return None
@@ -76,13 +86,29 @@ def digest_problem(path: Path, sha256: Any) -> Optional[str]:
 def _torch_version() -> Optional[str]:
     torch = sys.modules.get("torch")
     return getattr(torch, "__version__", None)
+
+
+_warned: set[str] = set()
 _in_use_fds: dict[str, int] = {}
 
 
-def warn_once(key: str, message: str, *args: Any) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        logger.warning(message, *args)
+def warn_once(key: str, message: str, *args: Any) -> bool:
+    """Log `message` once per `key` in this process; True if it was logged now."""
+    if key in _warned:
+        return False
+    _warned.add(key)
+    logger.warning(message, *args)
+    return True
+
+
+def damage(path: Any, reason: str, consequence: str) -> bool:
+    """One warning per damaged path and reason (counted as a cache error); True if new."""
+    from ..counters import compilation_counter
+
+    if not warn_once(f"damage:{path}", "atom-compile: %s is unusable: %s; %s", path, reason, consequence):
+        return False
+    compilation_counter.num_cache_errors += 1
+    return True
 
 
 def open_cache_paths() -> list[str]:
@@ -116,89 +142,23 @@ def hash_dir(root: Path, cache_hash: str) -> Path:
     return caches_dir(root) / cache_hash
 
 
-def _check_rel_path(rel: Any) -> str:
-    if not isinstance(rel, str) or not rel or os.path.isabs(rel) or ".." in Path(rel).parts:
-        raise IndexInvalid(f"artifact path {rel!r} is not a path inside the cache")
-    return rel
-
-
-def _check_entry(raw: Any) -> dict:
-    if not isinstance(raw, dict):
-        raise IndexInvalid("an entry is not an object")
-    shape = raw.get("runtime_shape")
-    if shape is not None and (isinstance(shape, bool) or not isinstance(shape, int) or shape <= 0):
-        raise IndexInvalid(f"bad runtime_shape {shape!r}")
-    index = raw.get("graph_index")
-    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-        raise IndexInvalid(f"bad graph_index {index!r}")
-    if not isinstance(raw.get("compiler"), str) or not isinstance(raw.get("content_key"), str):
-        raise IndexInvalid("entry without compiler or content_key")
-    handle = raw.get("handle")
-    if not isinstance(handle, dict):
-        raise IndexInvalid("entry without a handle")
-    _check_rel_path(handle.get("path"))
-    if not isinstance(raw.get("sha256"), str) or not _SHA_RE.match(raw["sha256"]):
-        raise IndexInvalid(f"bad sha256 {raw.get('sha256')!r}")
-    locator = raw.get("shape_locator")
-    if locator is not None and not (isinstance(locator, list) and all(isinstance(x, int) for x in locator)):
-        raise IndexInvalid(f"bad shape_locator {locator!r}")
-    return raw
-
-
-def entry_key(entry: dict) -> tuple:
-    return (entry.get("runtime_shape"), entry["graph_index"], entry["compiler"])
-
-
-def parse_index(text: str) -> dict:
-    """Validate an index document; raise IndexInvalid with the reason."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise IndexInvalid(f"not JSON ({exc.msg} at line {exc.lineno})") from None
-    if not isinstance(data, dict) or data.get("format") != INDEX_FORMAT:
-        raise IndexInvalid("not an atom-compile index")
-    if data.get("format_version") != INDEX_VERSION:
-        raise IndexInvalid(f"index format {data.get('format_version')!r}, this package reads {INDEX_VERSION}")
-    if data.get("atom_compile_version") != __version__:
-        raise IndexInvalid(
-            f"written by atom-compile {data.get('atom_compile_version')!r}, this is {__version__}"
-        )
-    entries = data.get("entries")
-    if not isinstance(entries, list):
-        raise IndexInvalid("no entries list")
-    data["entries"] = [_check_entry(e) for e in entries]
-    dynamo = data.get("dynamo_function")
-    if dynamo is not None:
-        if not isinstance(dynamo, dict) or not isinstance(dynamo.get("sha256"), str):
-            raise IndexInvalid("bad dynamo_function record")
-        _check_rel_path(dynamo.get("path"))
-    return data
-
-
-def trust_problem(path: Path) -> Optional[str]:
-    """Why `path` must not be trusted (owned by someone else, or writable by group/others)."""
-    try:
-        st = path.stat()
-    except FileNotFoundError:
+def trust_problem(root: Path, path: Path) -> Optional[str]:
+    """Why `path` under `root` must not be trusted (it, or a directory from the root down to
+    it, is a link, another user's, or writable by group/others); None if fine or absent."""
+    if not os.path.lexists(path):
         return None
-    except OSError as exc:
-        return f"cannot stat it ({exc.strerror})"
-    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
-        return f"it is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
-    if st.st_mode & 0o022:
-        return f"it is writable by group or others (mode {oct(st.st_mode & 0o777)})"
-    return None
+    return trust.path_problem(root, path)
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a temp file in the same directory and a rename."""
+    """Write `data` to `path` (0600) through a temp file in the same directory and a rename."""
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=str(path.parent))
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, trust.FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -208,13 +168,16 @@ def atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
-def _mkdir_private(path: Path) -> None:
-    try:
-        os.mkdir(path, 0o755)
-    except FileExistsError:
-        return
-    # mkdir's mode is cut by the umask only; an umask of 002 would leave it group-writable.
-    os.chmod(path, 0o755)
+def _touch_private(path: Path, dir_fd: Optional[int] = None) -> int:
+    """An fd of `path` opened for writing, created 0600, never through a link."""
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, flags, trust.FILE_MODE)
+    os.fchmod(fd, trust.FILE_MODE)
+    return fd
+
+
+def _chain(cache: "PieceCache", rank: int) -> list[Path]:
+    return [cache.root, caches_dir(cache.root), cache.hash_path, cache.hash_path / f"rank_{rank}", cache.path]
 
 
 class PieceCache:
@@ -225,11 +188,12 @@ class PieceCache:
             raise AtomValueError(f"cache hash: got {cache_hash!r}; allowed: 16 hex digits")
         if not _PREFIX_RE.match(prefix):
             raise AtomValueError(f"prefix: got {prefix!r}; allowed: letters, digits, '_', '.', '-'")
-        self.root = Path(root)
+        self.root = Path(os.path.abspath(root))
         self.cache_hash = cache_hash
         self.hash_path = hash_dir(self.root, cache_hash)
         self.path = self.hash_path / f"rank_{rank}" / prefix
         self.index_path = self.path / INDEX_FILE
+        self.scratch_path = self.path / scratch.SCRATCH_DIR
         self.writable = True
         self._repair = False
 
@@ -237,27 +201,25 @@ class PieceCache:
 
     @classmethod
     def open(cls, root: Path, cache_hash: str, rank: int, prefix: str) -> Optional["PieceCache"]:
-        """The cache directory, created if needed, or None (with a warning) if it is refused."""
+        """The cache directory, created private if needed, or None (with a warning) if it is
+        refused: a link, another user's or a group/world-writable directory on the way."""
         cache = cls(root, cache_hash, rank, prefix)
-        chain = [caches_dir(cache.root), cache.hash_path, cache.hash_path / f"rank_{rank}", cache.path]
-        for part in chain:
-            problem = trust_problem(part)
-            if problem is not None:
-                warn_once(f"trust:{part}", "atom-compile: not using the cache at %s: %s; loading an artifact "
-                          "runs its code. Compiling without the cache.", part, problem)
-                return None
-        try:
-            if not cache.root.is_dir():
-                cache.root.mkdir(parents=True, exist_ok=True)
-            for part in chain:
-                if not part.is_dir():
-                    _mkdir_private(part)
-        except OSError as exc:
-            if not cache.path.is_dir():
-                warn_once(f"mkdir:{cache.path}", "atom-compile: cannot create the cache directory %s (%s); "
-                          "compiling without the cache.", cache.path, exc.strerror or exc)
-                return None
-            cache.write_failed(cache.path, exc)
+        chain = _chain(cache, rank)
+        problem = next((p for p in (trust_problem(cache.root, d) for d in chain) if p), None)
+        if problem is None:
+            try:
+                trust.make_private_dirs(cache.root, cache.path)
+            except OSError as exc:
+                if not cache.path.is_dir():
+                    warn_once(f"mkdir:{cache.path}", "atom-compile: cannot create the cache directory %s (%s); "
+                              "compiling without the cache.", cache.path, exc.strerror or exc)
+                    return None
+                cache.write_failed(cache.path, exc)
+            problem = trust.path_problem(cache.root, cache.path)
+        if problem is not None:
+            warn_once(f"trust:{cache.path}", "atom-compile: not using the cache at %s: %s; loading an artifact "
+                      "runs its code. Compiling without the cache.", cache.path, problem)
+            return None
         cache._hold_in_use()
         cache.touch_last_used()
         return cache
@@ -272,26 +234,39 @@ class PieceCache:
         except ImportError:  # pragma: no cover - not POSIX
             return
         try:
-            fd = os.open(self.hash_path / IN_USE_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = _touch_private(self.hash_path / IN_USE_FILE)
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             _in_use_fds[key] = fd
         except OSError:
             pass  # read-only, or being cleared right now: nothing to protect
 
     def _lock(self) -> filelock.FileLock:
-        return filelock.FileLock(str(self.path / ".index.lock"), timeout=60)
+        lock = self.path / ".index.lock"
+        if os.path.islink(lock):  # taking the lock would open (and truncate) the link's target
+            os.unlink(lock)
+        return filelock.FileLock(str(self.path / ".index.lock"), timeout=60, mode=trust.FILE_MODE)
 
     # --- the index ---------------------------------------------------------------------------
 
+    def _read_text(self) -> str:
+        data = trust.read_bytes(self.root, self.index_path, trust.MAX_JSON_BYTES)
+        return data.decode()
+
     def read_index(self) -> dict:
-        """The index document; an empty one (and a warning naming the file) if it is damaged."""
-        empty = {"entries": [], "dynamo_function": None}
+        """The index document; an empty one (and a warning naming the file) if it is damaged
+        or untrusted: the next commit rewrites it."""
+        empty = {"entries": [], "dynamo_function": None, "inductor_files": {}}
         try:
-            text = self.index_path.read_text()
+            text = self._read_text()
         except FileNotFoundError:
+            if self._has_artifacts():
+                self._warn_index("it is missing, and artifacts are here that no index names")
+            return empty
+        except trust.Untrusted as exc:
+            self._warn_index(exc.reason)
             return empty
         except (OSError, UnicodeDecodeError) as exc:
-            self._warn_index(f"cannot read it ({exc})")
+            self._warn_index(f"cannot read it ({getattr(exc, 'strerror', None) or exc})")
             return empty
         try:
             return parse_index(text)
@@ -299,23 +274,32 @@ class PieceCache:
             self._warn_index(str(exc))
             return empty
 
+    def _has_artifacts(self) -> bool:
+        try:
+            return any(os.scandir(self.path / "artifacts")) or os.path.lexists(self.path / "dynamo_function.bin")
+        except OSError:
+            return False
+
     def _read_quiet(self) -> dict:
         try:
-            return parse_index(self.index_path.read_text())
+            return parse_index(self._read_text())
         except (OSError, UnicodeDecodeError, IndexInvalid):
             return {"entries": []}
 
     def _warn_index(self, reason: str) -> None:
         from ..counters import compilation_counter
 
-        compilation_counter.num_cache_errors += 1
         self._repair = True
-        logger.warning("atom-compile: ignoring the cache index %s: %s; recompiling and rewriting it.",
-                       self.index_path, reason)
+        if warn_once(f"damage:{self.index_path}", "atom-compile: ignoring the cache index %s: %s; "
+                     "recompiling and rewriting it.", self.index_path, reason):
+            compilation_counter.num_cache_errors += 1
 
-    def commit(self, entries: list[dict], remove: list[tuple] = (), dynamo_function: Any = None) -> bool:
-        """Merge `entries` into the index (and drop `remove`) under the lock, atomically."""
-        if not self.writable or (not entries and not remove and dynamo_function is None and not self._repair):
+    def commit(self, entries: list[dict], remove: list[tuple] = (), dynamo_function: Any = None,
+               scratch_used: bool = False) -> bool:
+        """Merge `entries` into the index (and drop `remove`) under the lock, atomically; with
+        `scratch_used`, record the manifest of Inductor's files as they are now."""
+        if not self.writable or (not entries and not remove and dynamo_function is None
+                                 and not self._repair and not scratch_used):
             return False
         try:
             with self._lock():
@@ -324,18 +308,16 @@ class PieceCache:
                 for key in remove:
                     merged.pop(key, None)
                 for e in entries:
-                    merged[entry_key(e)] = e
-                now = time.time()
-                doc = {
-                    "format": INDEX_FORMAT,
-                    "format_version": INDEX_VERSION,
-                    "atom_compile_version": __version__,
-                    "created": current.get("created", now),
-                    "updated": now,
-                    "entries": sorted(merged.values(), key=lambda e: (e["graph_index"], e.get("runtime_shape") or 0)),
-                    "dynamo_function": dynamo_function if dynamo_function is not None else current.get("dynamo_function"),
-                }
-                doc["torch_version"] = _torch_version() or current.get("torch_version")
+                    merged[entry_key(e)] = bind(e)
+                files = None
+                if scratch_used and self.scratch_path.is_dir():
+                    scratch.make_private_tree(self.scratch_path)
+                    files = scratch.manifest(self.root, self.scratch_path)
+                    if not entries and not remove and dynamo_function is None and not self._repair \
+                            and files == current.get("inductor_files"):
+                        return False
+                doc = new_document(current, list(merged.values()), dynamo_function, files,
+                                   _torch_version(), time.time())
                 atomic_write(self.index_path, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
                 self._repair = False
                 return True
@@ -354,31 +336,60 @@ class PieceCache:
         warn_once(f"write:{self.path}", "atom-compile: cannot write the cache at %s (%s); "
                   "results stay correct, compiled pieces are kept in memory only.", path, reason)
 
-    # --- artifacts ---------------------------------------------------------------------------
+    # --- artifacts and Inductor's files ------------------------------------------------------
 
     def artifact_path(self, rel: str) -> Path:
-        return self.path / _check_rel_path(rel)
+        return self.path / check_rel_path(rel)
 
     def verify(self, rel: str, sha256: str) -> Optional[str]:
-        """None if the artifact exists and matches its digest, else why not."""
-        return digest_problem(self.artifact_path(rel), sha256)
+        """None if the artifact is trusted, exists and matches its digest, else why not."""
+        return digest_problem(self.root, self.artifact_path(rel), sha256)
+
+    def read_artifact(self, rel: str, sha256: str) -> bytes:
+        """The bytes of a trusted artifact whose digest is `sha256`; OSError/ValueError if not."""
+        data = trust.read_bytes(self.root, self.artifact_path(rel))
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise ValueError("its sha256 does not match the index")
+        return data
 
     def discard(self, rel: str) -> None:
+        """Remove a damaged artifact (a link is removed, never followed)."""
         if not self.writable:
             return
         try:
-            self.artifact_path(rel).unlink()
-        except FileNotFoundError:
-            pass
+            trust.unlink_in(self.root, self.artifact_path(rel))
         except OSError as exc:
             self.write_failed(self.artifact_path(rel), exc)
 
+    def scratch_problem(self, recorded: dict[str, str]) -> Optional[str]:
+        """Why Inductor's files here must not be used (None: each is trusted and digest-equal)."""
+        return scratch.scratch_problem(self.root, self.scratch_path, recorded)
+
+    def fresh_scratch(self, keep: dict[str, str]) -> dict[str, str]:
+        """Swap a fresh private inductor/ in for a damaged one, with the files of `keep` that
+        still match their digests; returns those. OSError if it cannot be done."""
+        kept = scratch.fresh_scratch(self.root, self.scratch_path, keep)
+        return {rel: keep[rel] for rel in kept}
+
     def write_factors(self, factors: dict) -> None:
+        """Write the key factors beside the pieces; a damaged copy is named once and rewritten."""
         path = self.hash_path / FACTORS_FILE
-        if not self.writable or path.exists():
+        if not self.writable:
             return
+        data = (json.dumps(factors, indent=1, sort_keys=True, default=repr) + "\n").encode()
         try:
-            atomic_write(path, (json.dumps(factors, indent=1, sort_keys=True, default=repr) + "\n").encode())
+            if trust.read_bytes(self.root, path, trust.MAX_JSON_BYTES) == data:
+                return
+            damage(path, "it does not hold this cache's key factors", "rewriting it.")
+        except FileNotFoundError:
+            pass
+        except trust.Untrusted as exc:
+            damage(path, exc.reason, "rewriting it.")
+        except OSError:
+            pass
+        try:
+            trust.unlink_in(self.root, path)  # a damaged one (a link, another owner's) goes
+            atomic_write(path, data)
         except OSError as exc:
             self.write_failed(path, exc)
 
@@ -393,9 +404,8 @@ class PieceCache:
     def touch_last_used(self) -> None:
         if not self.writable:
             return
-        path = self.hash_path / LAST_USED_FILE
         try:
-            path.touch()
-            os.utime(path)
+            os.close(_touch_private(self.hash_path / LAST_USED_FILE))
+            os.utime(self.hash_path / LAST_USED_FILE)
         except OSError:
             pass

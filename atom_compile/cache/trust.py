@@ -16,6 +16,7 @@ and refuses links. JSON read from the cache is bounded in size and nesting befor
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import re
@@ -132,9 +133,9 @@ def path_problem(root: Path, path: Path) -> Optional[str]:
         os.close(dir_fd)
 
 
-def read_bytes(root: Path, path: Path, limit: Optional[int] = None) -> bytes:
-    """The bytes of regular file `path` under `root`, opened without following links and only
-    if it and its directories are trusted; raises Untrusted (FileNotFoundError if missing)."""
+def open_file(root: Path, path: Path, limit: Optional[int] = None) -> int:
+    """A read-only fd of regular file `path` under `root`, opened without following links and
+    only if it and its directories are trusted; raises Untrusted (FileNotFoundError if missing)."""
     dir_fd = open_dir(root, Path(path).parent)
     try:
         try:
@@ -145,8 +146,8 @@ def read_bytes(root: Path, path: Path, limit: Optional[int] = None) -> bytes:
             raise Untrusted(path, _os_reason(exc, "the file")) from None
     finally:
         os.close(dir_fd)
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
+    try:
+        st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise Untrusted(path, "it is not a regular file")
         problem = stat_problem(st)
@@ -154,7 +155,51 @@ def read_bytes(root: Path, path: Path, limit: Optional[int] = None) -> bytes:
             raise Untrusted(path, problem)
         if limit is not None and st.st_size > limit:
             raise Untrusted(path, f"it is {st.st_size} bytes, more than the {limit} allowed")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_bytes(root: Path, path: Path, limit: Optional[int] = None) -> bytes:
+    """The bytes of regular file `path` under `root`, read as `open_file` opens it."""
+    with os.fdopen(open_file(root, path, limit), "rb") as f:
         return f.read()
+
+
+def sha256_trusted(root: Path, path: Path) -> str:
+    """The sha256 (hex) of trusted regular file `path` under `root`; raises Untrusted/OSError."""
+    digest = hashlib.sha256()
+    with os.fdopen(open_file(root, path), "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def unlink_in(root: Path, path: Path) -> None:
+    """Remove the directory entry `path` (a file or a link, never followed) under trusted
+    directories of `root`; missing is fine; raises Untrusted if its directory is not ours."""
+    dir_fd = open_dir(root, Path(path).parent)
+    try:
+        st = os.stat(Path(path).name, dir_fd=dir_fd, follow_symlinks=False)
+        if stat.S_ISDIR(st.st_mode):
+            _remove_at(dir_fd, Path(path).name)
+        else:
+            os.unlink(Path(path).name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(dir_fd)
+
+
+def make_private(path: Path) -> None:
+    """Strip group/other bits from `path` (not following a link), and make a directory 0700."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        return
+    mode = DIR_MODE if stat.S_ISDIR(st.st_mode) else (st.st_mode & 0o700) | 0o600
+    if stat.S_IMODE(st.st_mode) != mode:
+        os.chmod(path, mode)
 
 
 def json_depth(text: str) -> int:

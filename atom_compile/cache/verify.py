@@ -8,6 +8,7 @@ from pathlib import Path, PurePosixPath
 from typing import Optional
 
 from .inventory import CacheInfo, PieceDir
+from .scratch import SCRATCH_DIR, scratch_problem
 from .store import FACTORS_FILE, INDEX_FILE, digest_problem
 
 
@@ -37,9 +38,13 @@ def verify_piece(piece: PieceDir) -> list[Damage]:
             continue
         seen.add(rel)
         path = _inside(piece.path, rel)
-        reason = "path outside the cache" if path is None else digest_problem(path, sha256)
+        reason = "path outside the cache" if path is None else digest_problem(piece.root, path, sha256)
         if reason is not None:
             damage.append(Damage(path or piece.path / rel, reason))
+    if os.path.lexists(piece.path / SCRATCH_DIR):
+        problem = scratch_problem(piece.root, piece.path / SCRATCH_DIR, piece.inductor_files)
+        if problem is not None:
+            damage.append(Damage(piece.path / SCRATCH_DIR, problem))
     return damage
 
 
@@ -48,8 +53,9 @@ def verify_cache(info: CacheInfo) -> list[Damage]:
     damage = [d for p in info.pieces for d in verify_piece(p)]
     if info.factors_problem:
         damage.append(Damage(info.path / FACTORS_FILE, info.factors_problem))
-    if info.trust:
-        damage.append(Damage(info.path, f"atom-compile refuses it: {info.trust}"))
+    for problem in info.trust:
+        path, _, reason = problem.partition(": ")
+        damage.append(Damage(Path(path), f"untrusted: {reason}"))
     return damage
 
 

@@ -12,17 +12,18 @@ from . import output as out
 from .common import hash_text, resolve_root
 
 EXPORT_HELP = "write one cache to a .tar.gz"
-EXPORT_EPILOG = """Writes the cache and the entry points that name it to a .tar.gz (verified first).
-Inductor's own files are left out (no digest covers them): the first start after an import
-rebuilds them, and `warm` says so.
+EXPORT_EPILOG = """Writes the cache and the entry points that name it to a .tar.gz (verified first): the
+files its indexes name, Inductor's own files included (the index records their digests), so
+an import warm-starts another machine of the same environment with no compiler run.
 
 examples:
   atom-compile-cache export ea87848f33757d9c -o llama-cpu.tar.gz
 """
 IMPORT_HELP = "place the caches of an exported .tar.gz under the root"
 IMPORT_EPILOG = """Every member is checked (relative, inside torch_compile_cache/<hash>/ or entrypoints/, no
-links or devices) and every artifact against its index before the cache is renamed into
-place. Loading an artifact runs its code: import only archives you trust.
+links or devices, at most 8 GiB expanded) and every file an index names against its digest
+before a cache of only those files is renamed into place; a cache or entry point already there
+is never touched. Loading an artifact runs its code: import only archives you trust.
 
 examples:
   atom-compile-cache import llama-cpu.tar.gz --cache-root /srv/atom
@@ -47,8 +48,9 @@ def run_export(args: argparse.Namespace) -> int:
         out.emit(r)
         return 0
     print(f"Exported {cache_hash} to {output} ({out.size(r['bytes'])} compressed)")
-    left_out = (f"Inductor files {out.size(r['scratch_bytes'])} left out, rebuilt on the first start"
-                if r["scratch_bytes"] else "no Inductor files to leave out")
+    left = r["scratch_bytes"] - r["scratch_shipped"]
+    left_out = (f"Inductor files {out.size(r['scratch_shipped'])} included"
+                + (f", {out.size(left)} no digest covers left out" if left > 0 else ""))
     out.lines(out.fields([
         ("contents", f"{out.plural(r['artifacts'], 'artifact')}, "
                      f"{out.plural(r['dynamo_functions'], 'Dynamo function')}, "
@@ -68,8 +70,9 @@ def run_import(args: argparse.Namespace) -> int:
         info = inv.read_cache(root, cache_hash)
         print(f"Imported {cache_hash} into {caches_dir(root)}")
         out.lines(out.fields([("contents", f"{out.contents(info)}, {out.plural(r['entrypoints'], 'entry point')}"),
-                              ("size", f"artifacts {out.size(info.cache_bytes)}; Inductor's files are rebuilt "
-                                       "on the first start")]))
+                              ("size", f"artifacts {out.size(info.cache_bytes)}; " + (
+                                  f"Inductor files {out.size(info.scratch_bytes)}, no compiler run on the first start"
+                                  if info.scratch_bytes else "Inductor's files are rebuilt on the first start"))]))
     for cache_hash in r["present"]:
         print(f"{cache_hash} is already in {caches_dir(root)}; left as it is")
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Optional
@@ -48,8 +49,8 @@ def _selection(args: argparse.Namespace, root: Path) -> tuple[list[inv.CacheInfo
     if args.all:
         return caches, "all"
     if args.older_than is not None:
-        if args.older_than < 0:
-            raise CliError(f"--older-than: got {args.older_than}; allowed: a number of days >= 0", 2)
+        if not math.isfinite(args.older_than) or args.older_than < 0:
+            raise CliError(f"--older-than: got {args.older_than}; allowed: a finite number of days >= 0", 2)
         return removal.select_older(caches, args.older_than), "older"
     if args.max_size is not None:
         return sorted(caches, key=lambda c: c.last_used or 0.0), "max-size"

@@ -9,14 +9,15 @@ from pathlib import Path
 from cli_helpers import artifacts, cache_dir, copy_root, one_line_error, run
 
 
-def test_export_import_round_trip_then_warm_loads_and_says_what_it_rebuilt(warmed, imported, env):
+def test_export_import_round_trip_then_warm_loads_with_no_compiler_run(warmed, imported, env):
     with tarfile.open(imported["archive"]) as tar:
         names = tar.getnames()
     assert any(n.endswith("index.json") for n in names) and any("/entrypoints/" in n for n in names)
     assert not any(n.endswith((".in_use", ".index.lock", "last_used")) for n in names)
-    assert not any("/inductor/" in n for n in names)
+    assert any("/inductor/" in n and n.endswith(".so") for n in names)  # digests cover them: they travel
+    assert not any(n.endswith(".lock") for n in names)
     assert "6 artifacts, 1 Dynamo function, 1 entry point" in imported["export"].stdout
-    assert "left out" in imported["export"].stdout
+    assert "Inductor files" in imported["export"].stdout and "included" in imported["export"].stdout
     fresh = imported["root"]
     assert run(env, "verify", "--cache-root", str(fresh)).returncode == 0
     again = run(env, "import", str(imported["archive"]), "--cache-root", str(fresh))
@@ -24,7 +25,7 @@ def test_export_import_round_trip_then_warm_loads_and_says_what_it_rebuilt(warme
     out = imported["warm"].stdout
     assert "compiled     0 by the compiler" in out and "loaded       6 from the cache" in out
     assert "Dynamo did not run" in out
-    assert "rebuilt      Inductor's files of rank_0/LlamaModel" in out
+    assert "rebuilt      Inductor's files" not in out
     assert f"torch_compile_cache/{warmed['hash']}" in out
 
 

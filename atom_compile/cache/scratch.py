@@ -1,0 +1,142 @@
+"""Inductor's own files for our pieces (`<prefix>/inductor/`): their manifest and their repair.
+
+Inductor imports Python and loads C++ libraries from this directory, so it gets the same
+protection as the artifacts: the index records a sha256 for every file in it (the manifest),
+and before Inductor may use the directory every file is checked (trusted, named by the
+manifest, digest equal, none missing). Damage is never repaired in place: a fresh private
+directory is made and swapped in by rename, and the damaged one is removed without following
+links.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import uuid
+from pathlib import Path
+from typing import Optional
+
+from . import trust
+
+SCRATCH_DIR = "inductor"
+
+
+def _skipped(name: str) -> bool:
+    """Lock files (empty, never read for content) and Inductor's temp files."""
+    return name.startswith(".") or name.endswith(".tmp") or name.endswith(".lock")
+
+
+def walk_files(directory: Path) -> tuple[list[str], list[str]]:
+    """(relative paths of the files a manifest covers, problems) under `directory`, links never
+    followed: a link, a foreign or group/world-writable entry is a problem, not a file."""
+    files: list[str] = []
+    problems: list[str] = []
+    stack = [Path(directory)]
+    while stack:
+        current = stack.pop()
+        try:
+            entries = list(os.scandir(current))
+        except OSError as exc:
+            problems.append(f"{current}: cannot be listed ({exc.strerror or exc})")
+            continue
+        for entry in entries:
+            st = entry.stat(follow_symlinks=False)
+            problem = trust.stat_problem(st)
+            if problem is not None:
+                problems.append(f"{entry.path}: {problem}")
+            elif stat.S_ISDIR(st.st_mode):
+                stack.append(Path(entry.path))
+            elif stat.S_ISREG(st.st_mode) and not _skipped(entry.name):
+                files.append(Path(entry.path).relative_to(directory).as_posix())
+            elif not stat.S_ISREG(st.st_mode):
+                problems.append(f"{entry.path}: it is not a regular file")
+    return sorted(files), problems
+
+
+def manifest(root: Path, directory: Path) -> dict[str, str]:
+    """{path under `directory`: sha256} of its trusted files (untrusted ones are left out)."""
+    files, _ = walk_files(directory)
+    out = {}
+    for rel in files:
+        try:
+            out[rel] = trust.sha256_trusted(root, Path(directory) / rel)
+        except OSError:
+            continue
+    return out
+
+
+def scratch_problem(root: Path, directory: Path, recorded: dict[str, str]) -> Optional[str]:
+    """None if every entry of `directory` is trusted and every file `recorded` names is there
+    with its digest; else the first problem, naming the path. Files no digest names yet are a
+    concurrent compile's (the directory is private): they are recorded by its next commit."""
+    problem = trust.path_problem(root, directory)
+    if problem is not None:
+        return problem
+    _, problems = walk_files(directory)
+    if problems:
+        return problems[0]
+    for rel, digest in recorded.items():
+        path = Path(directory) / rel
+        try:
+            actual = trust.sha256_trusted(root, path)
+        except FileNotFoundError:
+            return f"{path}: it is missing"
+        except OSError as exc:
+            return f"{path}: {getattr(exc, 'reason', None) or exc}"
+        if actual != digest:
+            return f"{path}: its sha256 is {actual[:12]}..., the index recorded {digest[:12]}..."
+    return None
+
+
+def fresh_scratch(root: Path, directory: Path, keep: Optional[dict[str, str]] = None) -> list[str]:
+    """Replace `directory` by a new private one: made beside it, holding only the files of
+    `keep` that are trusted and match their digests (copied), swapped in by rename; the old
+    one (or a link) is moved aside and removed without following links. Returns the kept."""
+    directory = Path(directory)
+    tag = uuid.uuid4().hex[:12]
+    fresh = directory.parent / f".{directory.name}-new-{tag}"
+    trust.make_private_dir(fresh)
+    kept = _copy_verified(root, directory, fresh, keep or {})
+    old = directory.parent / f".{directory.name}-old-{tag}"
+    try:
+        os.rename(directory, old)
+    except FileNotFoundError:
+        old = None
+    os.rename(fresh, directory)
+    if old is not None:
+        try:
+            trust.remove_tree(root, old)
+        except OSError:
+            pass  # a foreign leftover we may not remove: hidden, never used, `verify` names it
+    return kept
+
+
+def _copy_verified(root: Path, source: Path, target: Path, keep: dict[str, str]) -> list[str]:
+    kept = []
+    if trust.path_problem(root, source) is not None:
+        return kept
+    for rel, digest in sorted(keep.items()):
+        try:
+            data = trust.read_bytes(root, source / rel)
+        except OSError:
+            continue
+        if hashlib.sha256(data).hexdigest() != digest:
+            continue
+        trust.make_private_dirs(target, (target / rel).parent)
+        fd = os.open(target / rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
+                     trust.FILE_MODE)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        kept.append(rel)
+    return kept
+
+
+def make_private_tree(directory: Path) -> None:
+    """Strip group/other bits from everything under `directory` (what Inductor created)."""
+    for dirpath, dirnames, filenames in os.walk(directory):
+        for name in dirnames + filenames:
+            try:
+                trust.make_private(Path(dirpath) / name)
+            except OSError:
+                continue
