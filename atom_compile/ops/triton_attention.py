@@ -1,7 +1,7 @@
 """Triton paged attention (CUDA), split along the keys (flash-decoding).
 
-Each program takes one query row, one query head and one span of KEYS_PER_SPLIT cached keys:
-it reads the row's sequence, position and block table from device tensors and keeps an online
+Each program takes one query row, one KV head with every query head of its group (GQA: each
+key and value is read once per group) and one span of KEYS_PER_SPLIT cached keys: it reads the row's sequence, position and block table from device tensors and keeps an online
 softmax in float32. A second kernel merges the spans. Every launch grid depends only on the
 row count and the block table's width, never on host data, so a CUDA graph records it and
 replays read the new metadata at the same addresses. Splitting the keys keeps the GPU busy at
@@ -25,25 +25,30 @@ def _attention_span_kernel(
     q_ptr, k_ptr, v_ptr, acc_ptr, ml_ptr, tables_ptr, token_seq_ptr, query_pos_ptr,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt,
     scale, num_heads, num_splits,
-    GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+    GROUP: tl.constexpr, G_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, KEYS_PER_SPLIT: tl.constexpr,
 ):
+    # One program: one query row, one KV head with ALL the query heads of its group (GQA: the
+    # keys and values are read once for the group), one span of the context.
     row = tl.program_id(0)
-    head = tl.program_id(1)
+    kv_head = tl.program_id(1)
     span = tl.program_id(2)
     offs_d = tl.arange(0, D_PAD)
+    offs_g = tl.arange(0, G_PAD)
     d_mask = offs_d < HEAD_DIM
+    g_mask = offs_g < GROUP
     pos = tl.load(query_pos_ptr + row)
-    n_keys = tl.where(pos < 0, 0, pos + 1)  # padding rows (position -1) see no key
+    n_keys = tl.maximum(pos + 1, 0)  # padding rows (position -1) see no key
     first = span * KEYS_PER_SPLIT
     last = tl.minimum(n_keys, first + KEYS_PER_SPLIT)
     seq = tl.load(token_seq_ptr + row)
-    kv_head = head // GROUP
-    q = tl.load(q_ptr + row * stride_qt + head * stride_qh + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+    heads = kv_head * GROUP + offs_g
+    q_off = row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptr + q_off, mask=g_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32)
     q = q * scale
-    m_i = tl.max(tl.full([BLOCK_N], float("-inf"), tl.float32), axis=0)
-    l_i = tl.sum(tl.zeros([BLOCK_N], tl.float32), axis=0)
-    acc = tl.zeros([D_PAD], dtype=tl.float32)
+    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
     for start in range(first, last, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         n_mask = offs_n < last
@@ -51,19 +56,19 @@ def _attention_span_kernel(
         base = block.to(tl.int64) * stride_kb + (offs_n % BLOCK_SIZE) * stride_ks + kv_head * stride_kh
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(k_ptr + base[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-        s = tl.sum(k * q[None, :], axis=1)
-        s = tl.where(n_mask, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=0))
-        p = tl.exp(s - m_new)
+        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [G_PAD, BLOCK_N]
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp(s - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
         v = tl.load(v_ptr + base[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
-        l_i = l_i * alpha + tl.sum(p, axis=0)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
-    slot = (row * num_heads + head) * num_splits + span
-    tl.store(acc_ptr + slot * D_PAD + offs_d, acc)
-    tl.store(ml_ptr + slot * 2, m_i)
-    tl.store(ml_ptr + slot * 2 + 1, l_i)
+    slot = (row * num_heads + heads) * num_splits + span  # [G_PAD]
+    tl.store(acc_ptr + slot[:, None] * D_PAD + offs_d[None, :], acc, mask=g_mask[:, None])
+    tl.store(ml_ptr + slot * 2, m_i, mask=g_mask)
+    tl.store(ml_ptr + slot * 2 + 1, l_i, mask=g_mask)
 
 
 @triton.jit
@@ -105,11 +110,12 @@ def triton_paged_attention(query, k_cache, v_cache, output, meta, scale: float) 
     num_splits = max(1, triton.cdiv(capacity, KEYS_PER_SPLIT))
     acc = torch.empty((rows, num_heads, num_splits, d_pad), dtype=torch.float32, device=query.device)
     ml = torch.empty((rows, num_heads, num_splits, 2), dtype=torch.float32, device=query.device)
-    _attention_span_kernel[(rows, num_heads, num_splits)](
+    group = num_heads // num_kv_heads
+    _attention_span_kernel[(rows, num_kv_heads, num_splits)](
         query, k_cache, v_cache, acc, ml, meta.block_tables, meta.token_seq, meta.query_positions,
         query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         meta.block_tables.stride(0), scale, num_heads, num_splits,
-        GROUP=num_heads // num_kv_heads, BLOCK_SIZE=block_size, BLOCK_N=BLOCK_N,
+        GROUP=group, G_PAD=max(2, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, BLOCK_N=BLOCK_N,
         HEAD_DIM=head_dim, D_PAD=d_pad, KEYS_PER_SPLIT=KEYS_PER_SPLIT, num_warps=4,
     )
     _merge_spans_kernel[(rows, num_heads)](

@@ -1,0 +1,110 @@
+"""Triton linear layer for the few-token calls of decode (y = x @ w.T + b with M <= 8 rows).
+
+At M <= 8 a linear layer is a matrix-vector product: the time is reading the weight once, and
+cuBLAS's GEMM tiles (M padded to 64 or 128, few column tiles) leave most of the bandwidth unused.
+Each program here computes a narrow strip of BLOCK_N output columns for every row, streaming its
+BLOCK_N weight rows along K once; the strips are narrow so that even N = 2048 gives hundreds of
+programs. The block shape is tuned once per (M, N, K, dtype) outside CUDA-graph capture; a
+shape first seen during capture runs the default shape (a capture cannot time anything).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+logger = logging.getLogger("atom_compile")
+
+MAX_M = 8
+# (BLOCK_N, BLOCK_K, num_warps); the first is the default for shapes never tuned
+CONFIGS = [(8, 256, 4), (4, 512, 4), (8, 512, 4), (16, 256, 4), (16, 128, 4), (4, 256, 2), (32, 128, 8)]
+_tuned: dict[tuple, tuple[int, int, int]] = {}
+
+
+@triton.jit
+def _small_m_linear_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
+    w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k in range(0, K, BLOCK_K):
+        k_mask = (k + offs_k) < K
+        x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
+        w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
+        acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+def _block_m(m: int) -> int:
+    return max(1, triton.next_power_of_2(m))
+
+
+def _fits(config: tuple[int, int, int], block_m: int) -> bool:
+    # x * w broadcast is BLOCK_M * BLOCK_N * BLOCK_K floats held in registers
+    block_n, block_k, warps = config
+    return block_m * block_n * block_k <= 128 * 32 * warps
+
+
+def _launch(x, weight, bias, out, config) -> None:
+    block_n, block_k, warps = config
+    m, k = x.shape
+    n = weight.shape[0]
+    dummy = bias if bias is not None else weight
+    _small_m_linear_kernel[(triton.cdiv(n, block_n),)](
+        x, weight, dummy, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None, BLOCK_M=_block_m(m), BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+    )
+
+
+def _tune(x, weight, bias, out) -> tuple[int, int, int]:
+    block_m = _block_m(x.shape[0])
+    candidates = [c for c in CONFIGS if _fits(c, block_m)] or [CONFIGS[0]]
+    if len(candidates) == 1 or x.device.type != "cuda":
+        return candidates[0]
+    timings = {}
+    for config in candidates:
+        timings[config] = triton.testing.do_bench(lambda: _launch(x, weight, bias, out, config), warmup=5, rep=20)
+    best = min(timings, key=timings.get)
+    logger.debug("atom-compile: small-M linear %s tuned to %s (%.2f us)", tuple(x.shape) + tuple(weight.shape),
+                 best, timings[best] * 1e3)
+    return best
+
+
+def supported(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
+    """Whether the kernel takes this call: 2-D half-precision input of at most MAX_M rows, a
+    row-major weight of the same dtype, unit inner strides."""
+    return (x.dim() == 2 and 0 < x.shape[0] <= MAX_M and x.dtype in (torch.float16, torch.bfloat16)
+            and weight.dim() == 2 and weight.dtype == x.dtype and weight.shape[1] == x.shape[1]
+            and x.stride(1) == 1 and weight.stride(1) == 1
+            and (bias is None or (bias.dtype == x.dtype and bias.shape == (weight.shape[0],) and bias.stride(0) == 1)))
+
+
+def small_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x @ weight.T + bias for a call `supported` accepts; tuned on first sight of its shape."""
+    out = torch.empty((x.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
+    key = (_block_m(x.shape[0]), weight.shape[0], weight.shape[1], x.dtype, bias is not None)
+    config = _tuned.get(key)
+    if config is None:
+        capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+        config = CONFIGS[0] if capturing else _tune(x, weight, bias, out)
+        if not capturing:
+            _tuned[key] = config
+    _launch(x, weight, bias, out, config)
+    return out

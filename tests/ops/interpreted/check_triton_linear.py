@@ -1,0 +1,49 @@
+"""The small-M Triton linear against F.linear, on CPU through Triton's interpreter
+(TRITON_INTERPRET=1): every row count up to MAX_M, every block shape, ragged N and K, bias or
+none, fp16 (bf16 runs on the GPU in the cuda-marked test)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+
+@pytest.fixture(scope="module")
+def tri():
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run through tests/ops/test_interpreted.py"
+    from atom_compile.ops import triton_linear
+
+    return triton_linear
+
+
+def _case(m, n, k, bias, dtype=torch.float16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype) if bias else None
+    want = torch.nn.functional.linear(x.float(), w.float(), None if b is None else b.float())
+    return x, w, b, want
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8])
+def test_every_block_shape_matches_linear(tri, m):
+    x, w, b, want = _case(m, 70, 300, bias=m % 2 == 1, seed=m)
+    block_m = tri._block_m(m)
+    for config in [c for c in tri.CONFIGS if tri._fits(c, block_m)]:
+        out = torch.full((m, 70), float("nan"), dtype=x.dtype)
+        tri._launch(x, w, b, out, config)
+        torch.testing.assert_close(out.float(), want, atol=2e-3, rtol=2e-3, msg=f"config {config}")
+
+
+def test_entry_point_and_supported(tri):
+    x, w, b, want = _case(4, 33, 64, bias=True)
+    torch.testing.assert_close(tri.small_m_linear(x, w, b).float(), want, atol=2e-3, rtol=2e-3)
+    assert tri.supported(x, w, b)
+    assert not tri.supported(x.float(), w.float(), None)  # fp32 stays with F.linear
+    assert not tri.supported(torch.randn(9, 64).half(), w, None)  # more rows than MAX_M
+    assert not tri.supported(x, w.t().contiguous().t(), None)  # a transposed weight
+    assert not tri.supported(x, w, b[:-1])  # a bias of the wrong length
