@@ -18,6 +18,7 @@ from torch import nn
 from ..decorators import get_current_config, support_torch_compile
 from ..errors import AtomValueError
 from ..ops import attention as _attention  # noqa: F401  (registers aiter::unified_attention_with_output)
+from ..ops.linear import op as small_m_linear_op
 from ..runtime.graphs import token_graph
 
 
@@ -199,7 +200,9 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, positions)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        # eager after the graph: at decode's few rows the small-M kernel reads the 0.5 GB head
+        # of a 128k vocabulary at bandwidth, where a cuBLAS GEMM does not (F.linear otherwise)
+        return small_m_linear_op()(hidden, self.lm_head.weight, self.lm_head.bias)
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> None:
         """One cache per layer, [2, num_blocks + 1, block_size, kv_heads, head_dim]; the extra
