@@ -1,8 +1,9 @@
 """Triton paged attention (CUDA), split along the keys (flash-decoding).
 
 Each program takes one query row, one KV head with every query head of its group (GQA: each
-key and value is read once per group) and one span of KEYS_PER_SPLIT cached keys: it reads the row's sequence, position and block table from device tensors and keeps an online
-softmax in float32. A second kernel merges the spans. Every launch grid depends only on the
+cached key and value is read once per group, and both products are tensor-core dots) and one
+span of KEYS_PER_SPLIT cached keys: it reads the row's sequence, position and block table from
+device tensors and keeps an online softmax in float32. A second kernel merges the spans. Every launch grid depends only on the
 row count and the block table's width, never on host data, so a CUDA graph records it and
 replays read the new metadata at the same addresses. Splitting the keys keeps the GPU busy at
 batch 1, where one program per head would leave most multiprocessors idle.
@@ -26,10 +27,11 @@ def _attention_span_kernel(
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt,
     scale, num_heads, num_splits,
     GROUP: tl.constexpr, G_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, KEYS_PER_SPLIT: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, KEYS_PER_SPLIT: tl.constexpr, IEEE: tl.constexpr,
 ):
     # One program: one query row, one KV head with ALL the query heads of its group (GQA: the
-    # keys and values are read once for the group), one span of the context.
+    # keys and values are read once for the group), one span of the context. The group's
+    # heads are padded to G_PAD >= 16 rows so both products run as tensor-core dots.
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     span = tl.program_id(2)
@@ -45,7 +47,7 @@ def _attention_span_kernel(
     heads = kv_head * GROUP + offs_g
     q_off = row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptr + q_off, mask=g_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32)
-    q = q * scale
+    q = (q * scale).to(k_ptr.dtype.element_ty)
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
@@ -55,14 +57,21 @@ def _attention_span_kernel(
         block = tl.load(tables_ptr + seq * stride_bt + offs_n // BLOCK_SIZE, mask=n_mask, other=0)
         base = block.to(tl.int64) * stride_kb + (offs_n % BLOCK_SIZE) * stride_ks + kv_head * stride_kh
         kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_ptr + base[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [G_PAD, BLOCK_N]
+        k = tl.load(k_ptr + base[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")  # [G_PAD, BLOCK_N]
+        else:
+            s = tl.dot(q, tl.trans(k))
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         p = tl.exp(s - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
-        v = tl.load(v_ptr + base[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        v = tl.load(v_ptr + base[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        if IEEE:
+            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
     slot = (row * num_heads + heads) * num_splits + span  # [G_PAD]
@@ -104,7 +113,7 @@ def triton_paged_attention(query, k_cache, v_cache, output, meta, scale: float) 
     if query.stride(2) != 1:
         query = query.contiguous()
     target = output if output.stride(2) == 1 else torch.empty_like(output, memory_format=torch.contiguous_format)
-    d_pad = triton.next_power_of_2(head_dim)
+    d_pad = max(16, triton.next_power_of_2(head_dim))  # tl.dot takes at least 16
     # The span count follows the block table's width (a shape), not the step's lengths.
     capacity = meta.block_tables.shape[1] * block_size
     num_splits = max(1, triton.cdiv(capacity, KEYS_PER_SPLIT))
@@ -115,8 +124,9 @@ def triton_paged_attention(query, k_cache, v_cache, output, meta, scale: float) 
         query, k_cache, v_cache, acc, ml, meta.block_tables, meta.token_seq, meta.query_positions,
         query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         meta.block_tables.stride(0), scale, num_heads, num_splits,
-        GROUP=group, G_PAD=max(2, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, BLOCK_N=BLOCK_N,
-        HEAD_DIM=head_dim, D_PAD=d_pad, KEYS_PER_SPLIT=KEYS_PER_SPLIT, num_warps=4,
+        GROUP=group, G_PAD=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, BLOCK_N=BLOCK_N,
+        HEAD_DIM=head_dim, D_PAD=d_pad, KEYS_PER_SPLIT=KEYS_PER_SPLIT,
+        IEEE=k_cache.dtype == torch.float32, num_warps=4,
     )
     _merge_spans_kernel[(rows, num_heads)](
         acc, ml, target, target.stride(0), target.stride(1), num_heads, num_splits,
