@@ -11,7 +11,6 @@ import torch.fx as fx
 from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-from . import small_m_linear
 from .manager import CompilerManager
 
 logger = logging.getLogger("atom_compile")
@@ -80,13 +79,7 @@ class PiecewiseBackend:
         return entry.runnable(*args)
 
     def compile_size(self, size: int, args: list[Any]) -> Callable:
-        graph = self.graph
-        if small_m_linear.applies(size, args):
-            graph, count = small_m_linear.rewrite(graph)
-            if count:
-                logger.debug("atom-compile: piece %d at size %d: %d linear calls take the small-M kernel",
-                             self.graph_index, size, count)
-        fn = self.manager.compile(graph, args, self.graph_index, runtime_shape=size)
+        fn = self.manager.compile(self.graph, args, self.graph_index, runtime_shape=size)
         self.manager.flush()
         return fn
 

@@ -2,7 +2,7 @@
 
 Each program takes one query row, one KV head with every query head of its group (GQA: each
 cached key and value is read once per group, and both products are tensor-core dots) and one
-span of KEYS_PER_SPLIT cached keys: it reads the row's sequence, position and block table from
+span of the cached keys (as many spans as fill the GPU at that batch, _spans): it reads the row's sequence, position and block table from
 device tensors and keeps an online softmax in float32. A second kernel merges the spans. Every launch grid depends only on the
 row count and the block table's width, never on host data, so a CUDA graph records it and
 replays read the new metadata at the same addresses. Splitting the keys keeps the GPU busy at
@@ -17,7 +17,8 @@ import triton.language as tl
 
 from ..errors import AtomValueError
 
-KEYS_PER_SPLIT = 256
+PROGRAMS_PER_SM = 4  # span programs to aim for, per multiprocessor
+_SMS: dict = {}
 BLOCK_N = 64
 
 
@@ -25,9 +26,9 @@ BLOCK_N = 64
 def _attention_span_kernel(
     q_ptr, k_ptr, v_ptr, acc_ptr, ml_ptr, tables_ptr, token_seq_ptr, query_pos_ptr,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt,
-    scale, num_heads, num_splits,
+    scale, num_heads, num_splits, keys_per_split,
     GROUP: tl.constexpr, G_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, KEYS_PER_SPLIT: tl.constexpr, IEEE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, IEEE: tl.constexpr,
 ):
     # One program: one query row, one KV head with ALL the query heads of its group (GQA: the
     # keys and values are read once for the group), one span of the context. The group's
@@ -41,8 +42,8 @@ def _attention_span_kernel(
     g_mask = offs_g < GROUP
     pos = tl.load(query_pos_ptr + row)
     n_keys = tl.maximum(pos + 1, 0)  # padding rows (position -1) see no key
-    first = span * KEYS_PER_SPLIT
-    last = tl.minimum(n_keys, first + KEYS_PER_SPLIT)
+    first = span * keys_per_split
+    last = tl.minimum(n_keys, first + keys_per_split)
     seq = tl.load(token_seq_ptr + row)
     heads = kv_head * GROUP + offs_g
     q_off = row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
@@ -103,6 +104,20 @@ def _merge_spans_kernel(
              mask=offs_d < HEAD_DIM)
 
 
+def _spans(capacity: int, groups: int, device: torch.device) -> tuple[int, int]:
+    """How many spans to split each row's keys into, and keys per span (a multiple of BLOCK_N):
+    enough programs to fill the GPU at batch 1, fewer and longer spans as the batch grows. It
+    follows shapes only (the block table's width, rows, KV heads), never the step's lengths,
+    so a CUDA graph recorded for a batch size stays right for every step of that size."""
+    if device not in _SMS:
+        cuda = device.type == "cuda"
+        _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 132
+    wanted = triton.cdiv(PROGRAMS_PER_SM * _SMS[device], max(1, groups))
+    splits = max(1, min(triton.cdiv(capacity, BLOCK_N), wanted))
+    keys = triton.cdiv(triton.cdiv(capacity, splits), BLOCK_N) * BLOCK_N
+    return triton.cdiv(capacity, keys), keys
+
+
 def triton_paged_attention(query, k_cache, v_cache, output, meta, scale: float) -> None:
     """query/output [rows, heads, dim]; caches [blocks, block_size, kv_heads, dim]."""
     rows, num_heads, head_dim = query.shape
@@ -114,23 +129,22 @@ def triton_paged_attention(query, k_cache, v_cache, output, meta, scale: float) 
         query = query.contiguous()
     target = output if output.stride(2) == 1 else torch.empty_like(output, memory_format=torch.contiguous_format)
     d_pad = max(16, triton.next_power_of_2(head_dim))  # tl.dot takes at least 16
-    # The span count follows the block table's width (a shape), not the step's lengths.
-    capacity = meta.block_tables.shape[1] * block_size
-    num_splits = max(1, triton.cdiv(capacity, KEYS_PER_SPLIT))
+    num_splits, keys_per_split = _spans(meta.block_tables.shape[1] * block_size, rows * num_kv_heads, query.device)
     acc = torch.empty((rows, num_heads, num_splits, d_pad), dtype=torch.float32, device=query.device)
     ml = torch.empty((rows, num_heads, num_splits, 2), dtype=torch.float32, device=query.device)
     group = num_heads // num_kv_heads
     _attention_span_kernel[(rows, num_kv_heads, num_splits)](
         query, k_cache, v_cache, acc, ml, meta.block_tables, meta.token_seq, meta.query_positions,
         query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        meta.block_tables.stride(0), scale, num_heads, num_splits,
+        meta.block_tables.stride(0), scale, num_heads, num_splits, keys_per_split,
         GROUP=group, G_PAD=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, BLOCK_N=BLOCK_N,
-        HEAD_DIM=head_dim, D_PAD=d_pad, KEYS_PER_SPLIT=KEYS_PER_SPLIT,
+        HEAD_DIM=head_dim, D_PAD=d_pad,
         IEEE=k_cache.dtype == torch.float32, num_warps=4,
     )
     _merge_spans_kernel[(rows, num_heads)](
         acc, ml, target, target.stride(0), target.stride(1), num_heads, num_splits,
-        HEAD_DIM=head_dim, D_PAD=d_pad, SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=1,
+        HEAD_DIM=head_dim, D_PAD=d_pad, SPLITS_PAD=triton.next_power_of_2(num_splits),
+        num_warps=1 if num_splits <= 16 else 4,
     )
     if target is not output:
         output.copy_(target)
