@@ -23,8 +23,10 @@ SCRATCH_DIR = "inductor"
 
 
 def _skipped(name: str) -> bool:
-    """Lock files (empty, never read for content) and Inductor's temp files."""
-    return name.startswith(".") or name.endswith(".tmp") or name.endswith(".lock")
+    """Lock files (empty, never read for content), Inductor's temp files, and its autotuning
+    results (`.best_config`, JSON that Inductor itself rewrites when a later run tunes again, so
+    a digest of it would read as damage). Their owner and mode are still checked by the walk."""
+    return name.startswith(".") or name.endswith((".tmp", ".lock", ".best_config"))
 
 
 def walk_files(directory: Path) -> tuple[list[str], list[str]]:
