@@ -339,3 +339,27 @@ def test_fifty_random_damages_are_named_once_recovered_bit_identical_and_repaire
     assert not bad, bad[:5]
     kinds = {r["kind"] for r in report["rounds"]}
     assert kinds == {"truncate", "garble", "empty", "delete", "chmod", "symlink"}
+
+
+def test_inductor_autotuning_results_are_checked_for_trust_not_digested(tmp_path):
+    """Inductor rewrites `<kernel>.best_config` when a later run tunes again: a new digest there
+    is not damage, but a foreign-owned or world-writable one still is."""
+    from atom_compile.cache import scratch
+
+    root = tmp_path / "root"
+    inductor = root / "inductor"
+    trust.make_private_dirs(root, inductor / "ab")
+    kernel, tuned = inductor / "ab" / "kernel.py", inductor / "ab" / "kernel.best_config"
+    for path, text in ((kernel, "x = 1\n"), (tuned, '{"XBLOCK": 64}')):
+        path.write_text(text)
+        os.chmod(path, 0o600)
+    recorded = scratch.manifest(root, inductor)
+    assert list(recorded) == ["ab/kernel.py"]
+    tuned.write_text('{"XBLOCK": 128}')
+    assert scratch.scratch_problem(root, inductor, recorded) is None
+    os.chmod(tuned, 0o666)
+    problem = scratch.scratch_problem(root, inductor, recorded)
+    assert problem is not None and "kernel.best_config" in problem
+    kernel.write_text("import os\n")
+    os.chmod(tuned, 0o600)
+    assert "its sha256" in scratch.scratch_problem(root, inductor, recorded)
