@@ -22,11 +22,15 @@ from . import trust
 SCRATCH_DIR = "inductor"
 
 
+RUNTIME_FILES = (".tmp", ".lock", ".best_config", ".load_ok")
+
+
 def _skipped(name: str) -> bool:
-    """Lock files (empty, never read for content), Inductor's temp files, and its autotuning
-    results (`.best_config`, JSON that Inductor itself rewrites when a later run tunes again, so
-    a digest of it would read as damage). Their owner and mode are still checked by the walk."""
-    return name.startswith(".") or name.endswith((".tmp", ".lock", ".best_config"))
+    """Files Inductor writes while it runs, not what it compiled: locks and temp files, its
+    autotuning results (`.best_config`, rewritten when a later run tunes again, so a digest would
+    read as damage) and torch 2.14's `<lib>.so.load_ok` markers (empty; written after a load,
+    not needed by one). Their owner and mode are still checked by the walk."""
+    return name.startswith(".") or name.endswith(RUNTIME_FILES)
 
 
 def walk_files(directory: Path) -> tuple[list[str], list[str]]:

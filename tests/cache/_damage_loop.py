@@ -20,12 +20,15 @@ KINDS = ["truncate", "garble", "empty", "delete", "chmod", "symlink"]
 
 
 def candidates(root: Path) -> list[Path]:
-    """Every file of the cache that a start reads."""
+    """Every file of the cache that a start reads for its content (Inductor's run-time files,
+    `scratch.RUNTIME_FILES`, are only trust-checked: test_trust.py covers them)."""
+    from atom_compile.cache.scratch import RUNTIME_FILES
+
     caches = root / "torch_compile_cache"
     out = sorted(caches.glob("entrypoints/*.json")) + sorted(caches.glob("*/cache_key_factors.json"))
     for prefix in caches.glob("*/rank_*/*"):
         out += [prefix / "index.json", prefix / "dynamo_function.bin", *sorted((prefix / "artifacts").iterdir())]
-        out += sorted(p for p in (prefix / "inductor").rglob("*") if p.is_file() and p.suffix != ".lock")
+        out += sorted(p for p in (prefix / "inductor").rglob("*") if p.is_file() and not p.name.endswith(RUNTIME_FILES))
     return [p for p in out if p.is_file()]
 
 

@@ -342,20 +342,23 @@ def test_fifty_random_damages_are_named_once_recovered_bit_identical_and_repaire
 
 
 def test_inductor_autotuning_results_are_checked_for_trust_not_digested(tmp_path):
-    """Inductor rewrites `<kernel>.best_config` when a later run tunes again: a new digest there
-    is not damage, but a foreign-owned or world-writable one still is."""
+    """Inductor rewrites `<kernel>.best_config` when a later run tunes again, and torch 2.14 writes
+    `<lib>.so.load_ok` after a load: a new digest or a missing marker is not damage, but a
+    foreign-owned or world-writable file still is."""
     from atom_compile.cache import scratch
 
     root = tmp_path / "root"
     inductor = root / "inductor"
     trust.make_private_dirs(root, inductor / "ab")
     kernel, tuned = inductor / "ab" / "kernel.py", inductor / "ab" / "kernel.best_config"
-    for path, text in ((kernel, "x = 1\n"), (tuned, '{"XBLOCK": 64}')):
+    marker = inductor / "ab" / "kernel.so.load_ok"  # torch 2.14 writes it after loading a library
+    for path, text in ((kernel, "x = 1\n"), (tuned, '{"XBLOCK": 64}'), (marker, "")):
         path.write_text(text)
         os.chmod(path, 0o600)
     recorded = scratch.manifest(root, inductor)
     assert list(recorded) == ["ab/kernel.py"]
     tuned.write_text('{"XBLOCK": 128}')
+    marker.unlink()
     assert scratch.scratch_problem(root, inductor, recorded) is None
     os.chmod(tuned, 0o666)
     problem = scratch.scratch_problem(root, inductor, recorded)
