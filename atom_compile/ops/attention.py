@@ -88,11 +88,10 @@ def paged_attention(query, key, value, output, kv_cache, meta: PagedAttentionMet
     rows = query.shape[0]
     if meta.query_positions.shape[0] != rows:
         meta = _rows_view(meta, rows)
-    if query.is_cuda and _triton_available():
-        from .triton_attention import triton_paged_attention, triton_write_kv
-
-        triton_write_kv(key, value, kv_cache, meta.slot_mapping)
-        triton_paged_attention(query, kv_cache[0], kv_cache[1], output, meta, scale)
+    kernels = _triton_kernels() if query.is_cuda else None
+    if kernels is not None:
+        kernels.triton_write_kv(key, value, kv_cache, meta.slot_mapping)
+        kernels.triton_paged_attention(query, kv_cache[0], kv_cache[1], output, meta, scale)
     else:
         write_kv(key, value, kv_cache, meta.slot_mapping)
         _torch_paged_attention(query, kv_cache[0], kv_cache[1], output, meta, scale)
@@ -108,6 +107,7 @@ def _rows_view(meta: PagedAttentionMetadata, rows: int) -> PagedAttentionMetadat
 
 
 _TRITON: Optional[bool] = None
+_KERNELS: Any = None
 
 
 def _triton_available() -> bool:
@@ -120,6 +120,17 @@ def _triton_available() -> bool:
         except ImportError:
             _TRITON = False
     return _TRITON
+
+
+def _triton_kernels() -> Any:
+    """The Triton kernels module (imported once: an eager region calls this every layer), or
+    None without Triton."""
+    global _KERNELS
+    if _KERNELS is None and _triton_available():
+        from . import triton_attention
+
+        _KERNELS = triton_attention
+    return _KERNELS
 
 
 def unified_attention_with_output(

@@ -11,11 +11,14 @@ batch 1, where one program per head would leave most multiprocessors idle.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 from ..errors import AtomValueError
+from .triton_launch import FastLaunch, cdiv, next_power_of_2
 
 PROGRAMS_PER_SM = 4  # span programs to aim for, per multiprocessor
 _SMS: dict = {}
@@ -24,9 +27,9 @@ BLOCK_N = 64
 
 @triton.jit
 def _attention_span_kernel(
-    q_ptr, k_ptr, v_ptr, acc_ptr, ml_ptr, tables_ptr, token_seq_ptr, query_pos_ptr,
+    q_ptr, k_ptr, v_ptr, acc_ptr, tables_ptr, token_seq_ptr, query_pos_ptr,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt,
-    scale, num_heads, num_splits, keys_per_split,
+    scale, num_heads, num_splits, keys_per_split, ml_offset,
     GROUP: tl.constexpr, G_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, IEEE: tl.constexpr,
 ):
@@ -36,6 +39,7 @@ def _attention_span_kernel(
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     span = tl.program_id(2)
+    ml_ptr = acc_ptr + ml_offset  # the partial maxima and sums follow the partial outputs
     offs_d = tl.arange(0, D_PAD)
     offs_g = tl.arange(0, G_PAD)
     d_mask = offs_d < HEAD_DIM
@@ -83,11 +87,12 @@ def _attention_span_kernel(
 
 @triton.jit
 def _merge_spans_kernel(
-    acc_ptr, ml_ptr, out_ptr, stride_ot, stride_oh, num_heads, num_splits,
+    acc_ptr, out_ptr, stride_ot, stride_oh, num_heads, num_splits, ml_offset,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
 ):
     row = tl.program_id(0)
     head = tl.program_id(1)
+    ml_ptr = acc_ptr + ml_offset
     offs_s = tl.arange(0, SPLITS_PAD)
     offs_d = tl.arange(0, D_PAD)
     s_mask = offs_s < num_splits
@@ -104,6 +109,26 @@ def _merge_spans_kernel(
              mask=offs_d < HEAD_DIM)
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """The host side of one attention launch, a function of shapes only (cached per shape, so a
+    step's layers compute it once)."""
+
+    num_splits: int
+    keys_per_split: int
+    group: int
+    g_pad: int
+    d_pad: int
+    splits_pad: int
+    scratch: int  # float32 elements: partial outputs, then (max, sum) pairs
+    ml_offset: int
+
+
+_plans: dict[tuple, _Plan] = {}
+_span_launch = FastLaunch(_attention_span_kernel)
+_merge_launch = FastLaunch(_merge_spans_kernel)
+
+
 def _spans(capacity: int, groups: int, device: torch.device) -> tuple[int, int]:
     """How many spans to split each row's keys into, and keys per span (a multiple of BLOCK_N):
     enough programs to fill the GPU at batch 1, fewer and longer spans as the batch grows. It
@@ -112,39 +137,53 @@ def _spans(capacity: int, groups: int, device: torch.device) -> tuple[int, int]:
     if device not in _SMS:
         cuda = device.type == "cuda"
         _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 132
-    wanted = triton.cdiv(PROGRAMS_PER_SM * _SMS[device], max(1, groups))
-    splits = max(1, min(triton.cdiv(capacity, BLOCK_N), wanted))
-    keys = triton.cdiv(triton.cdiv(capacity, splits), BLOCK_N) * BLOCK_N
-    return triton.cdiv(capacity, keys), keys
+    wanted = cdiv(PROGRAMS_PER_SM * _SMS[device], max(1, groups))
+    splits = max(1, min(cdiv(capacity, BLOCK_N), wanted))
+    keys = cdiv(cdiv(capacity, splits), BLOCK_N) * BLOCK_N
+    return cdiv(capacity, keys), keys
+
+
+def _plan(rows: int, num_heads: int, num_kv_heads: int, head_dim: int, capacity: int, device: torch.device) -> _Plan:
+    key = (rows, num_heads, num_kv_heads, head_dim, capacity, device)
+    plan = _plans.get(key)
+    if plan is None:
+        num_splits, keys_per_split = _spans(capacity, rows * num_kv_heads, device)
+        d_pad = max(16, next_power_of_2(head_dim))  # tl.dot takes at least 16
+        group = num_heads // num_kv_heads
+        partials = rows * num_heads * num_splits
+        plan = _Plan(num_splits, keys_per_split, group, max(16, next_power_of_2(group)), d_pad,
+                     next_power_of_2(num_splits), partials * (d_pad + 2), partials * d_pad)
+        _plans[key] = plan
+    return plan
 
 
 def triton_paged_attention(query, k_cache, v_cache, output, meta, scale: float) -> None:
     """query/output [rows, heads, dim]; caches [blocks, block_size, kv_heads, dim]."""
     rows, num_heads, head_dim = query.shape
-    num_kv_heads = k_cache.shape[2]
-    block_size = k_cache.shape[1]
+    _, block_size, num_kv_heads, _ = k_cache.shape
     if k_cache.stride(3) != 1 or v_cache.stride() != k_cache.stride():
         raise AtomValueError("triton_paged_attention: the KV cache must be [blocks, block_size, kv_heads, dim], dim contiguous")
     if query.stride(2) != 1:
         query = query.contiguous()
     target = output if output.stride(2) == 1 else torch.empty_like(output, memory_format=torch.contiguous_format)
-    d_pad = max(16, triton.next_power_of_2(head_dim))  # tl.dot takes at least 16
-    num_splits, keys_per_split = _spans(meta.block_tables.shape[1] * block_size, rows * num_kv_heads, query.device)
-    acc = torch.empty((rows, num_heads, num_splits, d_pad), dtype=torch.float32, device=query.device)
-    ml = torch.empty((rows, num_heads, num_splits, 2), dtype=torch.float32, device=query.device)
-    group = num_heads // num_kv_heads
-    _attention_span_kernel[(rows, num_kv_heads, num_splits)](
-        query, k_cache, v_cache, acc, ml, meta.block_tables, meta.token_seq, meta.query_positions,
-        query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        meta.block_tables.stride(0), scale, num_heads, num_splits, keys_per_split,
-        GROUP=group, G_PAD=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, BLOCK_N=BLOCK_N,
-        HEAD_DIM=head_dim, D_PAD=d_pad,
-        IEEE=k_cache.dtype == torch.float32, num_warps=4,
+    tables = meta.block_tables
+    plan = _plan(rows, num_heads, num_kv_heads, head_dim, tables.shape[1] * block_size, query.device)
+    scratch = torch.empty(plan.scratch, dtype=torch.float32, device=query.device)
+    kv_strides = k_cache.stride()
+    _span_launch(
+        (rows, num_kv_heads, plan.num_splits),
+        (query, k_cache, v_cache, scratch, tables, meta.token_seq, meta.query_positions,
+         query.stride(0), query.stride(1), kv_strides[0], kv_strides[1], kv_strides[2], tables.stride(0),
+         scale, num_heads, plan.num_splits, plan.keys_per_split, plan.ml_offset),
+        {"GROUP": plan.group, "G_PAD": plan.g_pad, "BLOCK_SIZE": block_size, "BLOCK_N": BLOCK_N,
+         "HEAD_DIM": head_dim, "D_PAD": plan.d_pad, "IEEE": k_cache.dtype == torch.float32},
+        num_warps=4,
     )
-    _merge_spans_kernel[(rows, num_heads)](
-        acc, ml, target, target.stride(0), target.stride(1), num_heads, num_splits,
-        HEAD_DIM=head_dim, D_PAD=d_pad, SPLITS_PAD=triton.next_power_of_2(num_splits),
-        num_warps=1 if num_splits <= 16 else 4,
+    _merge_launch(
+        (rows, num_heads, 1),
+        (scratch, target, target.stride(0), target.stride(1), num_heads, plan.num_splits, plan.ml_offset),
+        {"HEAD_DIM": head_dim, "D_PAD": plan.d_pad, "SPLITS_PAD": plan.splits_pad},
+        num_warps=1 if plan.num_splits <= 16 else 4,
     )
     if target is not output:
         output.copy_(target)
@@ -168,6 +207,9 @@ def _write_kv_kernel(
         tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=mask)
 
 
+_write_launch = FastLaunch(_write_kv_kernel)
+
+
 def triton_write_kv(key, value, kv_cache, slot_mapping) -> None:
     """One launch for this step's keys and values ([rows, kv_heads, dim]) into the paged cache."""
     rows, heads, head_dim = key.shape
@@ -177,8 +219,10 @@ def triton_write_kv(key, value, kv_cache, slot_mapping) -> None:
         key = key.contiguous()
     if value.stride(2) != 1:
         value = value.contiguous()
-    _write_kv_kernel[(rows,)](
-        key, value, k_cache, v_cache, slot_mapping, key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        k_cache.stride(0), k_cache.stride(1), HEADS=heads, HEAD_DIM=head_dim,
-        H_PAD=triton.next_power_of_2(heads), D_PAD=triton.next_power_of_2(head_dim), num_warps=1,
+    _write_launch(
+        (rows, 1, 1),
+        (key, value, k_cache, v_cache, slot_mapping, key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+         k_cache.stride(0), k_cache.stride(1)),
+        {"HEADS": heads, "HEAD_DIM": head_dim, "H_PAD": next_power_of_2(heads), "D_PAD": next_power_of_2(head_dim)},
+        num_warps=1,
     )

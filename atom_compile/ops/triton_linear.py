@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .triton_launch import FastLaunch, cdiv
+
 logger = logging.getLogger("atom_compile")
 
 MAX_M = 8
@@ -63,6 +65,9 @@ def _small_m_linear_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
+_linear_launch = FastLaunch(_small_m_linear_kernel)
+
+
 def _block_m(m: int) -> int:
     return 1 if m == 1 else 16  # tl.dot takes at least 16 rows
 
@@ -80,10 +85,12 @@ def _launch(x, weight, bias, out, config) -> None:
     m, k = x.shape
     n = weight.shape[0]
     dummy = bias if bias is not None else weight
-    _small_m_linear_kernel[(triton.cdiv(n, block_n),)](
-        x, weight, dummy, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_M=_block_m(m), BLOCK_N=block_n, BLOCK_K=block_k,
-        USE_DOT=_block_m(m) > 1, IEEE=x.dtype == torch.float32, num_warps=warps,
+    _linear_launch(
+        (cdiv(n, block_n), 1, 1),
+        (x, weight, dummy, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0)),
+        {"HAS_BIAS": bias is not None, "BLOCK_M": _block_m(m), "BLOCK_N": block_n, "BLOCK_K": block_k,
+         "USE_DOT": _block_m(m) > 1, "IEEE": x.dtype == torch.float32},
+        num_warps=warps,
     )
 
 

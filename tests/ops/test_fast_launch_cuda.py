@@ -1,0 +1,84 @@
+"""The direct Triton launch (ops/triton_launch.py) on a GPU: after the first call of a
+specialisation, later calls skip Triton's JIT path and still compute what the reference does,
+with new data, new addresses, and an address whose alignment differs (a new specialisation)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from atom_compile.ops import attention as ref
+
+pytestmark = pytest.mark.cuda
+tri = pytest.importorskip("atom_compile.ops.triton_attention")
+
+
+def _case(seed: int, lengths=(5, 130, 1025), heads=32, kv_heads=8, dim=64, block_size=16):
+    gen = torch.Generator().manual_seed(seed)
+    max_blocks = max(-(-n // block_size) for n in lengths) + 1
+    num_blocks = len(lengths) * max_blocks + 1
+    cache = torch.randn(2, num_blocks, block_size, kv_heads, dim, generator=gen).to(torch.bfloat16).cuda()
+    builder = ref.PagedAttentionMetadataBuilder(len(lengths), len(lengths), max_blocks, block_size, device="cuda")
+    perm = torch.randperm(num_blocks - 1, generator=gen).tolist()
+    steps = [ref.SequenceStep([1], n - 1, perm[s * max_blocks:(s + 1) * max_blocks][: -(-n // block_size)])
+             for s, n in enumerate(lengths)]
+    _, _, meta, _ = builder.build(steps)
+    rows = len(lengths)
+    q = torch.randn(rows, heads, dim, generator=gen).to(torch.bfloat16).cuda()
+    k = torch.randn(rows, kv_heads, dim, generator=gen).to(torch.bfloat16).cuda()
+    v = torch.randn(rows, kv_heads, dim, generator=gen).to(torch.bfloat16).cuda()
+    return q, k, v, cache, meta
+
+
+def _both(q, k, v, cache, meta):
+    scale = q.shape[-1] ** -0.5
+    want = torch.zeros_like(q)
+    cache_ref = cache.clone()
+    ref.write_kv(k, v, cache_ref, meta.slot_mapping)
+    ref._torch_paged_attention(q, cache_ref[0], cache_ref[1], want, meta, scale)
+    got = torch.full_like(q, float("nan"))
+    cache_tri = cache.clone()
+    tri.triton_write_kv(k, v, cache_tri, meta.slot_mapping)
+    tri.triton_paged_attention(q, cache_tri[0], cache_tri[1], got, meta, scale)
+    torch.testing.assert_close(cache_tri, cache_ref, rtol=0, atol=0)
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+
+
+def test_direct_launch_after_the_first_call_matches_the_reference():
+    for seed in range(4):  # seed 0 compiles (JIT path), the others launch directly
+        _both(*_case(seed))
+    assert tri._span_launch.direct and tri._merge_launch.direct and tri._write_launch.direct
+    assert len(tri._span_launch.compiled) >= 1
+
+
+def test_a_misaligned_view_is_a_new_specialisation_and_still_right():
+    q, k, v, cache, meta = _case(7)
+    _both(q, k, v, cache, meta)
+    before = len(tri._span_launch.compiled)
+    wide = torch.empty(q.numel() + 1, dtype=q.dtype, device="cuda")
+    shifted = wide[1:].view(q.shape)  # 2 bytes off a 16-byte boundary
+    shifted.copy_(q)
+    assert shifted.data_ptr() % 16 != 0
+    _both(shifted, k, v, cache, meta)
+    assert len(tri._span_launch.compiled) == before + 1
+
+
+def test_direct_launch_records_in_a_cuda_graph():
+    q, k, v, cache, meta = _case(3)
+    _both(q, k, v, cache, meta)  # compiled and cached before the capture
+    scale = q.shape[-1] ** -0.5
+    out = torch.zeros_like(q)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        tri.triton_paged_attention(q, cache[0], cache[1], out, meta, scale)  # warm on the side stream
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(graph):
+        tri.triton_paged_attention(q, cache[0], cache[1], out, meta, scale)
+    q.copy_(torch.randn_like(q))
+    graph.replay()
+    want = torch.zeros_like(q)
+    ref._torch_paged_attention(q, cache[0], cache[1], want, meta, scale)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2)
