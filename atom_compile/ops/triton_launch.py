@@ -32,16 +32,29 @@ def next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 1 else 1
 
 
-def _arg_key(arg: Any) -> Any:
+def _tensor_key(t: torch.Tensor) -> tuple:
+    return (t.dtype, not t.data_ptr() & 15)
+
+
+def _int_key(v: int) -> tuple:
+    return (v == 1, not v & 15, -_INT32 <= v < _INT32)
+
+
+def _other_key(arg: Any) -> Any:
     if isinstance(arg, torch.Tensor):
-        return (arg.dtype, arg.data_ptr() % 16 == 0)
+        return _tensor_key(arg)
     if isinstance(arg, bool):
         return ("b", arg)
     if isinstance(arg, int):
-        return ("i", arg == 1, arg % 16 == 0, -_INT32 <= arg < _INT32)
+        return _int_key(arg)
     if isinstance(arg, float):
         return "f"
     return ("o", arg)
+
+
+# by exact type first: the key is computed on every launch, and a dict look-up is cheaper than
+# a chain of isinstance checks
+_KEYS = {torch.Tensor: _tensor_key, int: _int_key, float: lambda _: "f", bool: lambda b: ("b", b)}
 
 
 class FastLaunch:
@@ -60,7 +73,7 @@ class FastLaunch:
         if not self.direct:
             self.kernel[grid](*args, **constexprs, num_warps=num_warps)
             return
-        key = (num_warps, *map(_arg_key, args), *constexprs.values())
+        key = (num_warps, *[_KEYS.get(type(a), _other_key)(a) for a in args], *constexprs.values())
         compiled = self.compiled.get(key)
         if compiled is not None:
             compiled[grid](*args, *constexprs.values())
