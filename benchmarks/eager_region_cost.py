@@ -8,7 +8,7 @@ enough not to block the host):
   attention launch alone;
 and prints cProfile's top functions (by own time) over the replayed steps.
 
-    python benchmarks/eager_region_cost.py [--batch 1] [--context 1024] [--steps 200]
+    python benchmarks/eager_region_cost.py [--batch 1] [--context 1024] [--steps 200] [--ladder]
 """
 
 from __future__ import annotations
@@ -56,12 +56,14 @@ def step_ms(fn, steps: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def runner_for(mode: str, batch: int, context: int):
+def runner_for(mode: str, batch: int, context: int, ladder: bool):
     import atom_compile as ac
     from atom_compile.runtime import ModelRunner
 
-    cfg, model, builder, bps = build({"level": 3, "cudagraph_mode": mode,
-                                      "cudagraph_capture_sizes": [batch]}, max(batch, 8), context, 16)
+    cc = {"level": 3, "cudagraph_mode": mode}
+    if not ladder:
+        cc["cudagraph_capture_sizes"] = [batch]
+    cfg, model, builder, bps = build(cc, 512 if ladder else max(batch, 8), context, 16)
     runner = ModelRunner(model, cfg, builder)
     ids, pos, meta, ctx = builder.build_for_capture(max(batch, 8), 1)  # the first call traces: >= 2 rows
     with torch.inference_mode(), ac.set_forward_context(meta, cfg, ctx, no_compile_layers=model.no_compile_layers):
@@ -103,12 +105,13 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--ladder", action="store_true", help="capture the default 40-size ladder (max_num_seqs 512)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("eager_region_cost.py needs a CUDA GPU")
     results = {}
     for mode in ("FULL", "TR_HYBRID"):
-        runner, model, inputs, scope = runner_for(mode, args.batch, args.context)
+        runner, model, inputs, scope = runner_for(mode, args.batch, args.context, args.ladder)
         with scope, torch.inference_mode():
             results[mode] = step_ms(lambda: runner.run_model(inputs), args.steps)
             results[mode + " host"] = host_us(lambda: runner.run_model(inputs), 50) / 1e3

@@ -52,6 +52,8 @@ def _other_key(arg: Any) -> Any:
     return ("o", arg)
 
 
+# the current CUDA device, cheaply (torch.cuda.current_device() costs microseconds); -1 without one
+_current_device = torch._C._cuda_getDevice if torch.cuda.is_available() else (lambda: -1)
 # by exact type first: the key is computed on every launch, and a dict look-up is cheaper than
 # a chain of isinstance checks
 _KEYS = {torch.Tensor: _tensor_key, int: _int_key, float: lambda _: "f", bool: lambda b: ("b", b)}
@@ -73,7 +75,8 @@ class FastLaunch:
         if not self.direct:
             self.kernel[grid](*args, **constexprs, num_warps=num_warps)
             return
-        key = (num_warps, *[_KEYS.get(type(a), _other_key)(a) for a in args], *constexprs.values())
+        # a compiled kernel is loaded for the device current at its first launch, as Triton's own cache is
+        key = (_current_device(), num_warps, *[_KEYS.get(type(a), _other_key)(a) for a in args], *constexprs.values())
         compiled = self.compiled.get(key)
         if compiled is not None:
             compiled[grid](*args, *constexprs.values())
