@@ -26,6 +26,7 @@ _EXPORTS = {
     "ConfigError": ".config",
     "CUDAGraphMode": ".config",
     "AtomCompileError": ".errors",
+    "CacheRequired": ".errors",
     "CompilationCounter": ".counters",
     "compilation_counter": ".counters",
     "direct_register_custom_op": ".custom_ops",
@@ -72,7 +73,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from .config import CompilationConfig, CompilationLevel, Config, ConfigError, CUDAGraphMode
     from .counters import CompilationCounter, compilation_counter
     from .custom_ops import direct_register_custom_op, mark_splitting_op
-    from .errors import AtomCompileError
+    from .errors import AtomCompileError, CacheRequired
     from .decorators import (
         BufferMutationError,
         RecompileError,

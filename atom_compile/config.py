@@ -107,6 +107,9 @@ class CompilationConfig:
     debug_dump_path: str = ""
     cache_dir: str = ""
     compiler: str = "auto"
+    # Strict mode: a compile at run time is an error (CacheRequired), as ATOM_COMPILE_REQUIRE_CACHE=1.
+    # Changes no compiled code, so never part of the hash.
+    require_cache: bool = False
     # Layers that run outside the compiled graph, by name (filled while the model is built;
     # the forward context hands it to the attention op). Never part of the hash.
     static_forward_context: dict = field(default_factory=dict, repr=False, compare=False)
@@ -118,6 +121,7 @@ class CompilationConfig:
             "CompilationConfig.cudagraph_copy_inputs", self.cudagraph_copy_inputs
         )
         self.use_inductor = _check_bool("CompilationConfig.use_inductor", self.use_inductor)
+        self.require_cache = _check_bool("CompilationConfig.require_cache", self.require_cache)
         if self.cudagraph_mode is not None:
             self.cudagraph_mode = CUDAGraphMode.parse(
                 self.cudagraph_mode, "CompilationConfig.cudagraph_mode"

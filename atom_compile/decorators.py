@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, Optional, Union
 import torch
 
 from . import envs
-from .backends import aot
+from .backends import aot, strict
 from .backends.atom_backend import AtomBackend
 from .config import CompilationConfig, CompilationLevel, Config, as_compilation_config
 from .counters import compilation_counter
@@ -203,11 +203,14 @@ class CompiledDispatcher:
         # compiler whose artifacts need example inputs to load: torch.compile, keeping the
         # bytecode Dynamo produces (a bytecode hook) and calling it directly.
         if aot.supported() and compiler_factors is not None:
-            fn = aot.try_load(cc, compiler_factors, device_type, prefix, self, args, f_globals,
-                              self._atom_env.cache_root)
+            required = cc.require_cache or self._atom_env.require_cache
+            fn, missed = aot.try_load(cc, compiler_factors, device_type, prefix, self, args, f_globals,
+                                      self._atom_env.cache_root, required)
             if fn is not None:
                 _check_code(fn.__code__, cls)
                 return self._atom_start_dispatch(fn, args, kwargs)
+            if required:
+                strict.refuse(f"{cls.__qualname__}: the forward (Dynamo's trace, then its pieces)", missed)
             backend = AtomBackend(self.atom_config if self.atom_config is not None else cc, prefix,
                                   extra_traced_files=[inspect.getfile(cls)], serializable=True,
                                   environment=self._atom_env)

@@ -55,6 +55,12 @@ def check_inputs() -> bool:
     return os.environ.get("ATOM_COMPILE_CHECK_INPUTS", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def require_cache() -> bool:
+    """ATOM_COMPILE_REQUIRE_CACHE=1: strict mode, any compile at run time is an error (a pre-built
+    cache that misses must fail loudly, not pay the cold compile in production)."""
+    return _flag("ATOM_COMPILE_REQUIRE_CACHE")
+
+
 def log_level() -> str | None:
     """ATOM_COMPILE_LOG: the log level of the `atom_compile` logger and of the CLI (`debug` also
     shows the third-party warnings the entry points otherwise filter)."""
@@ -80,6 +86,7 @@ class Environment:
     cache_root: Path | None
     check_inputs: bool = True
     compile_disabled: bool = False
+    require_cache: bool = False
 
     @property
     def cache_disabled(self) -> bool:
@@ -92,4 +99,5 @@ def read(cache_dir: str = "") -> Environment:
         cache_root=None if cache_disabled() else cache_root(cache_dir),
         check_inputs=check_inputs(),
         compile_disabled=compile_disabled(),
+        require_cache=require_cache(),
     )

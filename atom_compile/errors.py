@@ -29,6 +29,11 @@ class CacheMiss(AtomCompileError, RuntimeError):
     """A saved Dynamo function cannot be rebuilt from the cache (the caller traces instead)."""
 
 
+class CacheRequired(AtomCompileError, RuntimeError):
+    """Strict mode (ATOM_COMPILE_REQUIRE_CACHE=1, CompilationConfig.require_cache): a start that
+    would compile. The message names the piece, the shape and the key factor that differed."""
+
+
 class BufferMutationError(AtomCompileError, RuntimeError):
     """A compiled forward rebinds a registered buffer (silently skipped under CUDA graphs)."""
 

@@ -25,9 +25,9 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ..cache.keys import build_factors, compute_hash, module_fingerprint, sha256_bytes, sha256_file
+from ..cache.keys import build_factors, compute_hash, diff_factors, module_fingerprint, sha256_bytes, sha256_file
 from ..cache import trust
-from ..cache.store import HASH_RE, PieceCache, atomic_write, caches_dir, current_rank, damage
+from ..cache.store import FACTORS_FILE, HASH_RE, PieceCache, atomic_write, caches_dir, current_rank, damage
 from ..config import CompilationConfig
 from ..counters import compilation_counter
 from ..errors import CacheMiss
@@ -86,33 +86,36 @@ def _entry_path(root: Path, key: str) -> Path:
 
 
 def try_load(cc: CompilationConfig, compiler_factors: dict, device_type: str, prefix: str,
-             model: torch.nn.Module, args: tuple, f_globals: dict, root: Optional[Path]) -> Optional[Callable]:
-    """The saved forward (a plain function taking `self` first), or None to trace instead.
-    `root` is the cache root the entry point resolved (None: the cache is disabled)."""
+             model: torch.nn.Module, args: tuple, f_globals: dict, root: Optional[Path],
+             require_cache: bool = False) -> tuple[Optional[Callable], str]:
+    """The saved forward (a plain function taking `self` first), or None to trace instead, and
+    why not (strict mode names it). `root` is the cache root the entry point resolved (None:
+    the cache is disabled)."""
     if root is None:
-        return None
+        return None, "the cache is disabled (ATOM_COMPILE_DISABLE_CACHE)"
     start = time.perf_counter()
     path = _entry_path(root, entrypoint_key(cc, compiler_factors, device_type, model, args, prefix))
     entry = _read_entry_point(root, path)
     if entry is None:
-        return None
+        return None, (f"no saved forward for this config, model and call signature ({path.name} under "
+                      f"{path.parent}); the warm-up ran with other compile settings or input shapes")
     files, op_names, recorded_hash, graph = entry
     changed = [p for p, digest in files.items() if sha256_file(p) != digest]
     if changed:
         logger.info("atom-compile: traced sources changed since the last compile (%s); tracing again",
                     ", ".join(changed[:3]))
-        return None
+        return None, f"traced sources changed since the warm-up: {', '.join(changed[:3])}"
     factors = build_factors(cc, compiler_factors, device_type, files, op_names, graph)
     if compute_hash(factors) != recorded_hash:
         logger.info("atom-compile: the cache key changed since the last compile; tracing again")
-        return None
+        return None, _key_change(root, recorded_hash, factors)
     cache = PieceCache.open(root, recorded_hash, current_rank(), prefix)
     if cache is None:
-        return None
+        return None, f"cache {recorded_hash} cannot be opened (see the warning above)"
     cache.write_factors(factors)  # checked (and repaired) as the tracing path does
     record = cache.read_index().get("dynamo_function")
     if not record:
-        return None
+        return None, f"cache {recorded_hash} holds no saved Dynamo function"
     target = cache.artifact_path(record["path"])
     try:
         data = cache.read_artifact(record["path"], record["sha256"])
@@ -120,9 +123,9 @@ def try_load(cc: CompilationConfig, compiler_factors: dict, device_type: str, pr
         reason = exc.reason if isinstance(exc, trust.Untrusted) else \
             "the file is missing" if isinstance(exc, FileNotFoundError) else str(exc)
         damage(target, reason, "tracing again.")
-        return None
+        return None, f"the saved Dynamo function {target} is damaged: {reason}"
     try:
-        with loading_from(root):
+        with loading_from(root, require_cache):
             loaded = torch.compiler.load_compiled_function(io.BytesIO(data), f_globals=f_globals,
                                                            external_data={"model": model})
     except Exception as exc:
@@ -130,14 +133,24 @@ def try_load(cc: CompilationConfig, compiler_factors: dict, device_type: str, pr
         if cause is not None:  # a piece is missing or damaged: named where it was found
             logger.info("atom-compile: the saved Dynamo function %s cannot load its pieces (%s); tracing again",
                         target, cause)
-        else:
-            damage(target, f"it does not load ({type(exc).__name__}: {str(exc)[:200]})", "tracing again.")
-        return None
+            return None, f"the saved Dynamo function cannot load its pieces ({cause})"
+        damage(target, f"it does not load ({type(exc).__name__}: {str(exc)[:200]})", "tracing again.")
+        return None, f"the saved Dynamo function {target} does not load ({type(exc).__name__})"
     cache.touch_last_used()
     compilation_counter.num_dynamo_functions_loaded += 1
     logger.info("atom-compile: warm start of %s from %s in %.2fs: saved Dynamo function and pieces "
                 "loaded, neither Dynamo nor Inductor ran", prefix, cache.path, time.perf_counter() - start)
-    return loaded.fn
+    return loaded.fn, ""
+
+
+def _key_change(root: Path, recorded_hash: str, factors: dict) -> str:
+    """The factors that differ from those the saved forward's cache was keyed with."""
+    try:
+        old = json.loads((caches_dir(root) / recorded_hash / FACTORS_FILE).read_text())
+    except (OSError, ValueError):
+        return f"the cache key changed since the warm-up (cache {recorded_hash} has no readable key factors)"
+    differences = diff_factors(old, factors)
+    return "the cache key changed since the warm-up: " + ("; ".join(differences[:3]) or "no factor named")
 
 
 def _read_entry_point(root: Path, path: Path) -> Optional[tuple[dict, list, str, Any]]:

@@ -31,7 +31,7 @@ from ..config import (
 )
 from ..counters import compilation_counter
 from ..errors import CacheMiss, GraphBreakError
-from . import compiled_function, floats, unsupported
+from . import compiled_function, floats, strict, unsupported
 from .inductor import make_compiler
 from .manager import CompilerManager
 from .piecewise import PiecewiseCompileInterpreter
@@ -222,6 +222,8 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], cc: Compilation
     cache_hash = keys.compute_hash(factors)
     cache = open_cache(environment, cache_hash, prefix, factors)
     manager = CompilerManager(compiler, cache, cc.inductor_compile_config)
+    if cc.require_cache or environment.require_cache:
+        manager.before_compile = _strict_check(environment, prefix, factors, cache_hash, cache, bool(manager.entries))
     _dump(cc, prefix, "traced_graph.py", gm.print_readable(print_output=False))
 
     floats.fold_constant_scalars(gm)
@@ -240,6 +242,26 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], cc: Compilation
     )
     return CompileResult(fn, time.perf_counter() - start, traced_files, factors, cache_hash, cache, manager,
                          split_gm, items, copy_indices)
+
+
+def _strict_check(environment: envs.Environment, prefix: str, factors: dict, cache_hash: str,
+                  cache: Optional[PieceCache], had_entries: bool) -> Callable[[int, Optional[int]], None]:
+    """Strict mode's refusal, called before a piece would compile: names the piece, its shape,
+    and why the cache could not give it."""
+
+    def check(graph_index: int, shape: Optional[int]) -> None:
+        what = f"{prefix}: piece {graph_index} (shape {shape if shape is not None else 'general'})"
+        if cache is None:
+            reason = strict.nearest_difference(environment.cache_root, prefix, factors, exclude=cache_hash) \
+                if environment.cache_root is not None else "the cache is disabled (ATOM_COMPILE_DISABLE_CACHE)"
+        elif had_entries:
+            reason = (f"cache {cache_hash} ({cache.path}) has this key but no entry for the piece at this shape "
+                      "(a compile size or piece its warm-up never compiled, or an entry dropped as damaged)")
+        else:
+            reason = strict.nearest_difference(environment.cache_root, prefix, factors, exclude=cache_hash)
+        strict.refuse(what, reason)
+
+    return check
 
 
 def open_cache(environment: envs.Environment, cache_hash: str, prefix: str, factors: dict) -> Optional[PieceCache]:

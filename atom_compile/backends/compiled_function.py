@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import logging
 import pickle
 from pathlib import Path
@@ -24,6 +25,7 @@ from ..counters import compilation_counter
 from ..errors import AtomRuntimeError, CacheMiss
 from .inductor import make_compiler
 from .manager import CompilerManager
+from . import strict
 from .piecewise import PiecewiseBackend, install
 from .split import SplitItem
 from .static_inputs import _CopyInputs
@@ -31,15 +33,19 @@ from .static_inputs import _CopyInputs
 logger = logging.getLogger("atom_compile")
 
 _load_root: contextvars.ContextVar[Optional[Path]] = contextvars.ContextVar("atom_compile_load_root", default=None)
+_load_strict: contextvars.ContextVar[bool] = contextvars.ContextVar("atom_compile_load_strict", default=False)
 
 
 @contextlib.contextmanager
-def loading_from(root: Path) -> Iterator[None]:
-    """Deserialising an AtomCompiledFunction inside this block reads pieces from `root`."""
+def loading_from(root: Path, require_cache: bool = False) -> Iterator[None]:
+    """Deserialising an AtomCompiledFunction inside this block reads pieces from `root`; with
+    `require_cache` (strict mode) its pieces may never compile a size later."""
     token = _load_root.set(Path(root))
+    strict_token = _load_strict.set(require_cache)
     try:
         yield
     finally:
+        _load_strict.reset(strict_token)
         _load_root.reset(token)
 
 
@@ -150,6 +156,11 @@ def _graph_only(gm: fx.GraphModule) -> fx.Graph:
     return graph
 
 
+def _refuse_size(prefix: str, cache: PieceCache, graph_index: int, shape: Optional[int]) -> None:
+    strict.refuse(f"{prefix}: piece {graph_index} (shape {shape if shape is not None else 'general'})",
+                  f"cache {cache.path} has no entry for it (a compile size its warm-up never ran)")
+
+
 def rebuild_from_cache(split_gm: fx.GraphModule, items: list[SplitItem], state: dict, root: Path) -> Callable:
     """The compiled callable for a split graph whose pieces are all in the cache."""
     cc = CompilationConfig.from_dict(state["config"])
@@ -160,6 +171,8 @@ def rebuild_from_cache(split_gm: fx.GraphModule, items: list[SplitItem], state: 
     if cache is None:
         raise CacheMiss("the cache directory is not usable")
     manager = CompilerManager(compiler, cache, cc.inductor_compile_config)
+    if _load_strict.get():
+        manager.before_compile = functools.partial(_refuse_size, state["prefix"], cache)
     compile_items = [item for item in items if not item.is_splitting_graph]
     loaded = manager.load_general(len(compile_items), [item.graph for item in compile_items])
     if loaded is None:

@@ -72,6 +72,8 @@ class CompilerManager:
         self._scratch_checked = False
         self._scratch_used = False
         self._private_scratch: Optional[str] = None
+        # called with (graph_index, runtime_shape) before a piece really compiles (strict mode raises)
+        self.before_compile: Optional[Callable[[int, Optional[int]], None]] = None
 
     @property
     def can_write(self) -> bool:
@@ -186,6 +188,8 @@ class CompilerManager:
                 self._record(same, graph_index, runtime_shape, shape_locator)
                 return fn
 
+        if self.before_compile is not None:
+            self.before_compile(graph_index, runtime_shape)
         start = time.perf_counter()
 
         def compile_piece() -> tuple[Callable, Optional[dict]]:
