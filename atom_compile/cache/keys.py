@@ -158,22 +158,31 @@ def compute_hash(factors: dict[str, Any]) -> str:
     return sha256_bytes(blob)[:16]
 
 
-def diff_factors(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """Human-readable differences between two factor sets (old: on disk, new: now)."""
+def diff_factors(old: dict[str, Any], new: dict[str, Any], names: Optional[tuple[str, str]] = None) -> list[str]:
+    """Human-readable differences between two factor sets (old: on disk, new: now), or between
+    two named ones (`names`, e.g. two caches or two machines)."""
     lines: list[str] = []
+    a_name, b_name = names or ("", "")
+
+    def value_pair(a: Any, b: Any) -> str:
+        if names:
+            return f"{a_name} {_short(a)}, {b_name} {_short(b)}"
+        return f"{_short(a)} in the cache, now {_short(b)}"
 
     def walk(a: Any, b: Any, path: str) -> None:
         if isinstance(a, dict) and isinstance(b, dict):
             for key in sorted(set(a) | set(b), key=str):
                 sub = f"{path}.{key}" if path else str(key)
                 if key not in a:
-                    lines.append(f"{sub}: not in the cache, now {_short(b[key])}")
+                    lines.append(f"{sub}: absent in {a_name}, {b_name} {_short(b[key])}" if names
+                                 else f"{sub}: not in the cache, now {_short(b[key])}")
                 elif key not in b:
-                    lines.append(f"{sub}: {_short(a[key])} in the cache, absent now")
+                    lines.append(f"{sub}: {a_name} {_short(a[key])}, absent in {b_name}" if names
+                                 else f"{sub}: {_short(a[key])} in the cache, absent now")
                 else:
                     walk(a[key], b[key], sub)
         elif a != b:
-            lines.append(f"{path}: {_short(a)} in the cache, now {_short(b)}")
+            lines.append(f"{path}: {value_pair(a, b)}")
 
     for group in HASHED_GROUPS:
         if group == "graph":
@@ -181,21 +190,31 @@ def diff_factors(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
                 lines.append("graph: the traced graph differs (model structure, sizes or input shapes changed)")
             continue
         if group == "code":
-            old_files = (old.get("code") or {}).get("files") or {}
-            new_files = (new.get("code") or {}).get("files") or {}
-            old_by_digest = {d: p for p, d in old_files.items()}
-            new_by_digest = {d: p for p, d in new_files.items()}
-            for digest in sorted(set(old_by_digest) - set(new_by_digest), key=str):
-                path = old_by_digest[digest]
-                now = new_files.get(path)
-                state = "changed" if now is not None else "not traced now"
-                lines.append(f"code.files: {path} {state} (sha256 {str(digest)[:12]} in the cache)")
-            for digest in sorted(set(new_by_digest) - set(old_by_digest), key=str):
-                path = new_by_digest[digest]
-                if path not in old_files:
-                    lines.append(f"code.files: {path} is traced now but not in the cache")
+            lines += _code_differences(old, new, names)
             continue
         walk(old.get(group), new.get(group), group)
+    return lines
+
+
+def _code_differences(old: dict[str, Any], new: dict[str, Any], names: Optional[tuple[str, str]]) -> list[str]:
+    """Traced sources by content: a file whose digest is only on one side, named by path."""
+    lines = []
+    old_files = (old.get("code") or {}).get("files") or {}
+    new_files = (new.get("code") or {}).get("files") or {}
+    old_by_digest = {d: p for p, d in old_files.items()}
+    new_by_digest = {d: p for p, d in new_files.items()}
+    for digest in sorted(set(old_by_digest) - set(new_by_digest), key=str):
+        path = old_by_digest[digest]
+        if names:
+            lines.append(f"code.files: {path} differs (sha256 {str(digest)[:12]} in {names[0]})")
+            continue
+        state = "changed" if new_files.get(path) is not None else "not traced now"
+        lines.append(f"code.files: {path} {state} (sha256 {str(digest)[:12]} in the cache)")
+    for digest in sorted(set(new_by_digest) - set(old_by_digest), key=str):
+        path = new_by_digest[digest]
+        if path not in old_files:
+            where = f"in {names[1]} only" if names else "is traced now but not in the cache"
+            lines.append(f"code.files: {path} {where}")
     return lines
 
 

@@ -51,7 +51,7 @@ _COMMANDS: list[tuple[str, str, str, Callable, Optional[Callable]]] = [
     ("inspect", inspect.HELP, inspect.EPILOG, inspect.run, inspect.add_arguments),
     ("clear", clear.HELP, clear.EPILOG, clear.run, clear.add_arguments),
     ("verify", verify.HELP, verify.EPILOG, verify.run, verify.add_arguments),
-    ("explain", explain.HELP, explain.EPILOG, explain.run, warm.add_model_arguments),
+    ("explain", explain.HELP, explain.EPILOG, explain.run, explain.add_arguments),
     ("export", archive_cmds.EXPORT_HELP, archive_cmds.EXPORT_EPILOG, archive_cmds.run_export,
      archive_cmds.add_export_arguments),
     ("import", archive_cmds.IMPORT_HELP, archive_cmds.IMPORT_EPILOG, archive_cmds.run_import,

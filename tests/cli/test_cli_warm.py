@@ -110,3 +110,23 @@ def test_explain_says_which_factor_differs(warmed, env):
     assert report["hit"] is False
     (cache,) = report["caches"]
     assert cache["differences"] == ["config.compile_sizes: [4] in the cache, now [8]"]
+
+
+def test_explain_compare_names_what_differs_between_two_caches(warmed, env, tmp_path):
+    root = warmed["root"]
+    (cache_dir,) = [p for p in (root / "torch_compile_cache").iterdir() if len(p.name) == 16]
+    same = run(env, "explain", "--compare", cache_dir.name, str(cache_dir), "--cache-root", str(root))
+    assert same.returncode == 0, same.stderr
+    assert "Same key" in same.stdout
+    # the same cache's factors as another machine would have written them: another torch
+    other = json.loads((cache_dir / "cache_key_factors.json").read_text())
+    other["environment"]["torch"] = "9.9.9"
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    miss = run(env, "explain", "--compare", cache_dir.name, str(tmp_path / "other.json"), "--cache-root", str(root),
+               "--json")
+    assert miss.returncode == 1, miss.stderr
+    report = json.loads(miss.stdout)
+    assert report["same_key"] is False
+    assert report["differences"] == [f"environment.torch: A {json.loads((cache_dir / 'cache_key_factors.json').read_text())['environment']['torch']}, B 9.9.9"]
+    bad = run(env, "explain", "--compare", "nothing-here", cache_dir.name, "--cache-root", str(root))
+    assert "--compare: nothing-here" in one_line_error(bad, 2)
