@@ -105,6 +105,33 @@ def contiguous_boundaries(graph: fx.GraphModule, names: frozenset[str]) -> int:
     return added
 
 
+def _assign_pieces(graph: fx.GraphModule, names: frozenset[str]) -> tuple[dict[fx.Node, int], set[int]]:
+    """Each node's piece number, and which pieces hold splitting ops (see split_graph)."""
+    subgraph_id = 0
+    node_to_subgraph: dict[fx.Node, int] = {}
+    splitting_ids: set[int] = set()
+    previous_was_split = False
+    for node in graph.graph.nodes:
+        if node.op in ("output", "placeholder"):
+            continue
+        if node.op == "call_function" and node.target is operator.getitem \
+                and isinstance(node.args[0], fx.Node) and node.args[0] in node_to_subgraph:
+            node_to_subgraph[node] = node_to_subgraph[node.args[0]]
+            continue
+        if is_splitting_node(node, names) or _is_boundary_copy(node):
+            if not previous_was_split:
+                subgraph_id += 1
+            node_to_subgraph[node] = subgraph_id
+            splitting_ids.add(subgraph_id)
+            previous_was_split = True
+        else:
+            if previous_was_split:
+                subgraph_id += 1
+                previous_was_split = False
+            node_to_subgraph[node] = subgraph_id
+    return node_to_subgraph, splitting_ids
+
+
 def split_graph(
     graph: fx.GraphModule, splitting_ops: Iterable[str] | None
 ) -> tuple[fx.GraphModule, list[SplitItem]]:
@@ -130,29 +157,7 @@ def split_graph(
     """
     names = resolve_splitting_ops(splitting_ops)
     contiguous_boundaries(graph, names)
-    subgraph_id = 0
-    node_to_subgraph: dict[fx.Node, int] = {}
-    splitting_ids: set[int] = set()
-    previous_was_split = False
-    for node in graph.graph.nodes:
-        if node.op in ("output", "placeholder"):
-            continue
-        if node.op == "call_function" and node.target is operator.getitem \
-                and isinstance(node.args[0], fx.Node) and node.args[0] in node_to_subgraph:
-            node_to_subgraph[node] = node_to_subgraph[node.args[0]]
-            continue
-        if is_splitting_node(node, names) or _is_boundary_copy(node):
-            if not previous_was_split:
-                subgraph_id += 1
-            node_to_subgraph[node] = subgraph_id
-            splitting_ids.add(subgraph_id)
-            previous_was_split = True
-        else:
-            if previous_was_split:
-                subgraph_id += 1
-                previous_was_split = False
-            node_to_subgraph[node] = subgraph_id
-
+    node_to_subgraph, splitting_ids = _assign_pieces(graph, names)
     split_gm = split_module(
         graph, None, lambda node: node_to_subgraph[node], keep_original_order=True
     )
