@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Union
 
 from .errors import AtomTypeError, ConfigError
+from .host_config import HostConfig
 from .modes import CompilationLevel, CUDAGraphMode
 
 __all__ = [
@@ -280,10 +281,14 @@ class Config:
     max_num_batched_tokens: int = 16384
     num_draft_tokens: int = 0
     compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
+    # host mode (README "Inside vLLM"): the host's settings; our CUDA graphs off, compile ours
+    host: HostConfig | None = None
     capture_sizes: list[int] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.enforce_eager = _check_bool("Config.enforce_eager", self.enforce_eager)
+        if self.host is not None:
+            self._host_mode()
         _check_size("Config.max_num_seqs", self.max_num_seqs)
         _check_size("Config.max_num_batched_tokens", self.max_num_batched_tokens)
         if isinstance(self.num_draft_tokens, bool) or not isinstance(self.num_draft_tokens, int) \
@@ -305,6 +310,25 @@ class Config:
                 "CompilationConfig.compile_sizes", size,
                 self.max_num_batched_tokens, "max_num_batched_tokens",
             )
+
+    def _host_mode(self) -> None:
+        """The host records the CUDA graphs: ours are off whatever else was asked."""
+        if isinstance(self.host, Mapping):
+            self.host = HostConfig(**self.host)
+        if not isinstance(self.host, HostConfig):
+            raise ConfigError("Config.host", self.host, "a HostConfig (or a dict of its fields), or None")
+        self.enforce_eager = True
+        if not isinstance(self.compilation_config, CompilationConfig):
+            self.compilation_config = CompilationConfig.from_dict(self.compilation_config)
+        self.compilation_config.use_cudagraph = False
+        self.compilation_config.cudagraph_mode = CUDAGraphMode.NONE
+
+    @classmethod
+    def from_vllm(cls, vllm_config: Any) -> "Config":
+        """Our Config inside vLLM (host mode), from its VllmConfig or any object shaped like it."""
+        from .host_config import config_from_vllm
+
+        return config_from_vllm(vllm_config)
 
     def _set_cudagraph_sizes(self) -> None:
         cc = self.compilation_config

@@ -61,6 +61,18 @@ def require_cache() -> bool:
     return _flag("ATOM_COMPILE_REQUIRE_CACHE")
 
 
+def vllm_plugin_disabled() -> bool:
+    """ATOM_COMPILE_DISABLE_VLLM_PLUGIN=1 (the seed's ATOM_DISABLE_VLLM_PLUGIN too): vLLM's plugin
+    hook does nothing."""
+    return _flag("ATOM_COMPILE_DISABLE_VLLM_PLUGIN") or _flag("ATOM_DISABLE_VLLM_PLUGIN")
+
+
+def vllm_plugin_attention_disabled() -> bool:
+    """ATOM_COMPILE_DISABLE_VLLM_PLUGIN_ATTENTION=1 (or ATOM_DISABLE_VLLM_PLUGIN_ATTENTION): the
+    plugin leaves attention to the host (our reference attention op is not registered)."""
+    return _flag("ATOM_COMPILE_DISABLE_VLLM_PLUGIN_ATTENTION") or _flag("ATOM_DISABLE_VLLM_PLUGIN_ATTENTION")
+
+
 def log_level() -> str | None:
     """ATOM_COMPILE_LOG: the log level of the `atom_compile` logger and of the CLI (`debug` also
     shows the third-party warnings the entry points otherwise filter)."""

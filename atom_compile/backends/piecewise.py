@@ -75,6 +75,11 @@ class PiecewiseBackend:
         if entry is None:
             return self.compiled_graph_for_general_shape(*args)
         if entry.runnable is None:
+            if _capturing(args):
+                # a compile inside someone's CUDA-graph capture would break it (the host records
+                # graphs in host mode): the general piece runs, and the size compiles later
+                _warn_capture_once(size)
+                return self.compiled_graph_for_general_shape(*args)
             entry.runnable = self.compile_size(size, list(args))
         return entry.runnable(*args)
 
@@ -82,6 +87,21 @@ class PiecewiseBackend:
         fn = self.manager.compile(self.graph, args, self.graph_index, runtime_shape=size)
         self.manager.flush()
         return fn
+
+
+_warned_sizes: set[int] = set()
+
+
+def _capturing(args: tuple) -> bool:
+    device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+    return device is not None and device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _warn_capture_once(size: int) -> None:
+    if size not in _warned_sizes:
+        _warned_sizes.add(size)
+        logger.warning("atom-compile: compile size %d was first seen inside a CUDA-graph capture; the graph "
+                       "records the general-shape piece (run each compile size once before capturing)", size)
 
 
 def install(split_gm: fx.GraphModule, name: str, backend: PiecewiseBackend) -> None:

@@ -22,6 +22,7 @@ import torch
 from ..custom_ops import direct_register_custom_op, existing_schema
 from ..errors import AtomRuntimeError, AtomValueError
 from ..forward_context import Context, get_forward_context
+from .triton_present import triton_available
 
 logger = logging.getLogger("atom_compile")
 
@@ -106,27 +107,14 @@ def _rows_view(meta: PagedAttentionMetadata, rows: int) -> PagedAttentionMetadat
     )
 
 
-_TRITON: Optional[bool] = None
 _KERNELS: Any = None
-
-
-def _triton_available() -> bool:
-    global _TRITON
-    if _TRITON is None:
-        try:
-            import triton  # noqa: F401
-
-            _TRITON = True
-        except ImportError:
-            _TRITON = False
-    return _TRITON
 
 
 def _triton_kernels() -> Any:
     """The Triton kernels module (imported once: an eager region calls this every layer), or
     None without Triton."""
     global _KERNELS
-    if _KERNELS is None and _triton_available():
+    if _KERNELS is None and triton_available():
         from . import triton_attention
 
         _KERNELS = triton_attention
@@ -221,6 +209,12 @@ class PagedAttentionMetadataBuilder:
         ctx = Context(positions=self.positions[:rows], is_prefill=False, batch_size=num_seqs,
                       running_bs=num_seqs, running_tokens=rows)
         return self.input_ids[:rows], self.positions[:rows], meta, ctx
+
+    def build_for_cudagraph_capture(self, num_seqs: int, q_len: int = 1
+                                    ) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata, Context]:
+        """The seed's name for `build_for_capture`, for a host that records its own CUDA graphs
+        around our model: the dummy batch its capture runs, in the buffers every replay reads."""
+        return self.build_for_capture(num_seqs, q_len)
 
     def build(self, steps: Sequence[SequenceStep], padded_num_seqs: Optional[int] = None,
               padded_rows: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata, Context]:

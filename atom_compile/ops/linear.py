@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from ..custom_ops import _library, direct_register_custom_op, registered_op
-from .attention import _triton_available
+from .triton_present import triton_available
 
 OP_NAME = "small_m_linear"
 NAMESPACE = "atom"
@@ -21,7 +21,7 @@ MAX_M = 8  # the kernel's row limit (triton_linear.MAX_M); kept here so CPU code
 
 
 def small_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    if x.is_cuda and _triton_available():
+    if x.is_cuda and triton_available():
         from . import triton_linear
 
         flat = x.reshape(-1, x.shape[-1])

@@ -53,6 +53,8 @@ PACKAGE_ENV = {
     "ATOM_COMPILE_CHECK_INPUTS": "a per-call check around the compiled code",
     "ATOM_COMPILE_LOG": "log level",
     "ATOM_COMPILE_REQUIRE_CACHE": "refuses to compile; changes nothing it loads",
+    "ATOM_COMPILE_DISABLE_VLLM_PLUGIN": "whether vLLM's plugin hook registers anything",
+    "ATOM_COMPILE_DISABLE_VLLM_PLUGIN_ATTENTION": "whether that hook registers our attention op",
 }
 # Inductor config entries whose change leaves our key alone although torch's own cache keys
 # them: debug output and cache switches, which change no generated code
