@@ -23,6 +23,8 @@ class CompilerInterface(abc.ABC):
     last_save_error: Optional[OSError] = None
     # where the compiler's own scratch files go (set by the manager while the cache is writable)
     inductor_dir: Optional[str] = None
+    # where Inductor probes the CPU's vector ISA (shared by the caches of one root; manager-set)
+    isa_dir: Optional[str] = None
 
     def initialize_cache(self, cache_dir: Optional[str], disable_cache: bool = False, prefix: str = "") -> None:
         """Where this adaptor writes artifacts (None or disable_cache: write nothing)."""

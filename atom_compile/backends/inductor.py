@@ -111,21 +111,23 @@ def inductor_files_in(directory: Optional[str]):
 _isa_primed = False
 
 
-def prime_cpu_isa() -> None:
-    """Run Inductor's probe of the CPU's vector ISA once per process, where Inductor's files go.
+def prime_cpu_isa(directory: Optional[str]) -> None:
+    """Run Inductor's probe of the CPU's vector ISA once per process, in `directory`.
 
-    The probe builds test programs into the current cache directory (seconds, the first time)
+    The probe builds test programs into the current cache directory (seconds in a fresh one)
     and the process remembers its answer even when the build fails, so it must first run
-    where writing works: the manager hands us our directory only after a test write there."""
+    where writing works: the manager hands us a directory only after it checked it (the
+    root's shared probe directory, else the piece's own)."""
     global _isa_primed
     if not _isa_primed:
         _isa_primed = True
         try:
             from torch._inductor import cpu_vec_isa
 
-            cpu_vec_isa.pick_vec_isa()
-        except Exception:  # pragma: no cover - no C++ toolchain: Inductor says so when it compiles
-            pass
+            with inductor_files_in(directory):
+                cpu_vec_isa.pick_vec_isa()
+        except Exception as exc:  # pragma: no cover - no C++ toolchain: Inductor says so when it compiles
+            logger.debug("atom-compile: Inductor's CPU ISA probe failed (%s: %s)", type(exc).__name__, exc)
 
 
 def _inductor_env_factors() -> dict[str, Any]:
@@ -173,9 +175,9 @@ class InductorStandaloneAdaptor(CompilerInterface):
         # the general shape, and a concrete size specialises on the real inputs.
         dynamic_shapes = "from_example_inputs" if isinstance(runtime_shape, int) else "from_graph"
         device = _graph_device(example_inputs)
+        if device == "cpu" and key is not None:
+            prime_cpu_isa(self.isa_dir or self.inductor_dir)
         with torch.no_grad(), inductor_files_in(self.inductor_dir if key is not None else None):
-            if device == "cpu":
-                prime_cpu_isa()
             artifact = torch._inductor.standalone_compile(
                 graph, list(example_inputs), dynamic_shapes=dynamic_shapes,
                 options={"config_patches": patches},
@@ -210,9 +212,9 @@ class InductorStandaloneAdaptor(CompilerInterface):
         from torch._inductor import CompiledArtifact
 
         path = os.path.join(self.cache_dir or "", handle["path"])
+        if handle.get("device", "cpu") == "cpu":
+            prime_cpu_isa(self.isa_dir or self.inductor_dir)
         with inductor_files_in(self.inductor_dir):
-            if handle.get("device", "cpu") == "cpu":
-                prime_cpu_isa()
             artifact = CompiledArtifact.load(path=path, format="binary")
         return _unwrapped(artifact, bool(handle.get("single_output")))
 

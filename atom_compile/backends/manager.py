@@ -22,6 +22,7 @@ from .base import CompilerInterface
 from ..counters import compilation_counter
 from ..cache.keys import content_key, graph_fingerprint, sha256_bytes, sha256_file
 from ..cache.store import PieceCache, damage, entry_key
+from ..cache.trust import make_private_dir, tree_problems
 
 logger = logging.getLogger("atom_compile")
 
@@ -104,11 +105,23 @@ class CompilerManager:
             self._scratch_checked = True
         return str(directory)
 
+    def _isa_dir(self) -> Optional[str]:
+        """Where Inductor probes the CPU's vector ISA: one private directory that every cache
+        under the root shares (the probe builds and loads test programs, seconds in a fresh
+        directory, so a new cache must not pay it again); None if it is not ours to use."""
+        assert self.cache is not None
+        path = self.cache.isa_probe_path
+        try:
+            if not os.path.lexists(path):
+                make_private_dir(path)
+            problems = tree_problems(self.cache.root, path, limit=1)
+        except OSError:
+            return None
+        return None if problems else str(path)
+
     def _check_scratch(self) -> None:
         directory = self.cache.scratch_path
         if not os.path.lexists(directory):
-            from ..cache.trust import make_private_dir
-
             make_private_dir(directory)
             return
         problem = self.cache.scratch_problem(self.inductor_files)
@@ -135,6 +148,7 @@ class CompilerManager:
         beside our artifacts, under umask 077. If writing there fails (a read-only or full disk
         that we learn of only now), say so once and run again with Inductor's default place."""
         self.compiler.inductor_dir = self._scratch_dir()
+        self.compiler.isa_dir = self._isa_dir() if self.compiler.inductor_dir is not None else None
         if self.compiler.inductor_dir is None:
             return call()
         self._scratch_used = True

@@ -48,6 +48,7 @@ logger = logging.getLogger("atom_compile")
 CACHE_SUBDIR = "torch_compile_cache"
 IN_USE_FILE = ".in_use"
 LAST_USED_FILE = "last_used"
+ISA_PROBE_DIR = "isa_probe"
 HASH_RE = re.compile(r"^[0-9a-f]{16}$")
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -194,6 +195,8 @@ class PieceCache:
         self.path = self.hash_path / f"rank_{rank}" / prefix
         self.index_path = self.path / INDEX_FILE
         self.scratch_path = self.path / scratch.SCRATCH_DIR
+        # shared by every cache under the root: Inductor's probe of the CPU's vector ISA
+        self.isa_probe_path = caches_dir(self.root) / ISA_PROBE_DIR
         self.writable = True
         self._repair = False
 
