@@ -236,8 +236,10 @@ def piece_dirs(root: Path, cache_path: Path) -> list[PieceDir]:
 
 
 def disk_usage(path: Path) -> tuple[int, int]:
-    """(bytes, files) of the regular files under `path`; links are not followed."""
+    """(bytes, files) of the regular files under `path`; links are not followed, and a file
+    hard-linked several times (a piece shared by ranks) counts once."""
     total = count = 0
+    seen: set[tuple[int, int]] = set()
     stack = [str(path)]
     while stack:
         try:
@@ -247,7 +249,11 @@ def disk_usage(path: Path) -> tuple[int, int]:
                         stack.append(entry.path)
                     elif entry.is_file(follow_symlinks=False):
                         try:
-                            total += entry.stat(follow_symlinks=False).st_size
+                            st = entry.stat(follow_symlinks=False)
+                            if st.st_nlink > 1 and (st.st_dev, st.st_ino) in seen:
+                                continue
+                            seen.add((st.st_dev, st.st_ino))
+                            total += st.st_size
                             count += 1
                         except OSError:
                             pass
