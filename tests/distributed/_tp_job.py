@@ -4,7 +4,8 @@
 
 Without --world (a single process, no group) it compiles the single-process Llama instead:
 the processes then coordinate only through the cache directory. --die-in-compile makes the
-process kill itself (SIGKILL) inside its first Inductor compile, after writing --ready.
+process kill itself (SIGKILL) inside its first Inductor compile, after creating that file
+(with --stall it hangs there instead).
 """
 
 import argparse
@@ -25,17 +26,18 @@ def parse():
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--split-collectives", action="store_true")
     ap.add_argument("--die-in-compile", default="")
+    ap.add_argument("--stall", action="store_true", help="with --die-in-compile: hang instead of dying")
     return ap.parse_args()
 
 
-def die_in_first_compile(ready: str) -> None:
+def die_in_first_compile(ready: str, stall: bool) -> None:
     from atom_compile.backends import inductor
 
     for cls in vars(inductor).values():
         if isinstance(cls, type) and "compile" in vars(cls) and cls.__module__ == inductor.__name__:
             def dying(self, *a, **k):
                 open(ready, "w").close()
-                time.sleep(2.0)
+                time.sleep(600.0 if stall else 2.0)
                 os.kill(os.getpid(), signal.SIGKILL)
             cls.compile = dying
 
@@ -49,7 +51,7 @@ def main():
     if args.world:
         dist.init_process_group("gloo", init_method=args.init, rank=args.rank, world_size=args.world)
     if args.die_in_compile:
-        die_in_first_compile(args.die_in_compile)
+        die_in_first_compile(args.die_in_compile, args.stall)
     import atom_compile as ac
     from atom_compile.models import build_model, preset, shard_llama
     from atom_compile.ops.attention import PagedAttentionMetadataBuilder, SequenceStep
