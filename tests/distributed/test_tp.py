@@ -6,11 +6,13 @@ loaded by the others; a dead or hung owner is passed by.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
 
-from .helpers import finish, start_group, start_rank, stderr_tail, total
+from .helpers import env, finish, start_group, start_rank, stderr_tail, total
 
 
 TOL = 1e-5
@@ -37,6 +39,32 @@ def test_two_groups_compile_each_piece_once_then_nothing(tmp_path):
     assert all(r["max_abs_err"] < TOL for r in again)
     assert total(again, "num_inductor_compiles") == 0
     assert total(again, "num_cache_errors") == 0
+    _archive_round_trip(tmp_path, root, unique)
+
+
+def _cli(*args: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", "atom_compile.cli", *args], capture_output=True, text=True,
+                          env=env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def _archive_round_trip(tmp_path, root, unique: int) -> None:
+    """inspect names the shared pieces; export/import move both ranks as one cache whose
+    shared artifacts stay one file each; the imported copy starts the group with no compile."""
+    [cache_hash] = [p.name for p in (root / "torch_compile_cache").iterdir() if len(p.name) == 16]
+    text = _cli("inspect", cache_hash, "--cache-root", str(root))
+    assert f"shared        {unique} artifacts (TPLlamaModel)" in text and "rank_1/TPLlamaModel" in text
+    archive, fresh = tmp_path / "tp.tar.gz", tmp_path / "fresh"
+    _cli("export", cache_hash, "-o", str(archive), "--cache-root", str(root))
+    _cli("import", str(archive), "--cache-root", str(fresh))
+    arts = sorted((fresh / "torch_compile_cache" / cache_hash).glob("rank_*/*/artifacts/*.bin"))
+    assert len(arts) == 2 * unique and len({a.stat().st_ino for a in arts}) == unique
+    warm = finish(tmp_path, start_group(tmp_path, fresh, "d", 2), ["d-0", "d-1"])
+    assert all(r["max_abs_err"] < TOL for r in warm)
+    assert total(warm, "num_inductor_compiles") == 0 and total(warm, "num_cache_errors") == 0
+    _cli("clear", cache_hash, "--yes", "--cache-root", str(fresh))
+    assert not (fresh / "torch_compile_cache" / cache_hash).exists()
 
 
 def _wait_for(path, proc, seconds=120.0) -> None:
