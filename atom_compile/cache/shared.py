@@ -28,7 +28,7 @@ import filelock
 
 from . import trust
 from .index import SHA_RE, check_rel_path
-from .store import PieceCache, atomic_write, damage, warn_once
+from .store import PieceCache, atomic_write, damage, digest_problem, warn_once
 
 logger = logging.getLogger("atom_compile")
 
@@ -126,18 +126,15 @@ class SharedPieces:
         source = self.path / rel
         if self.cache.verify(rel, record["sha256"]) is None:
             return dict(record)
-        from .store import digest_problem
-
         problem = digest_problem(self.cache.root, source, record["sha256"])
         if problem is not None:
-            damage(source, problem, "compiling the piece here.")
+            # Usually the same inode as a rank's artifact already named as damage: not counted
+            # again. This rank compiles the piece and its publish replaces the file.
+            logger.debug("atom-compile: shared artifact %s unusable (%s); compiling the piece", source, problem)
             return None
         target = self.cache.artifact_path(rel)
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(f".link-{os.getpid()}-{target.name}")
-            os.link(source, tmp)
-            os.replace(tmp, target)
+            _link(self.cache.root, source, target)
         except OSError as exc:
             self.cache.write_failed(target, exc)
             return None
@@ -150,17 +147,27 @@ class SharedPieces:
         rel = entry["handle"]["path"]
         target = self.path / rel
         try:
-            if not target.exists():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                tmp = target.with_name(f".link-{os.getpid()}-{target.name}")
-                os.link(self.cache.artifact_path(rel), tmp)
-                os.replace(tmp, target)
+            # Replaced even when present: a damaged shared file must not outlive a fresh compile.
+            _link(self.cache.root, self.cache.artifact_path(rel), target)
             record = {k: entry[k] for k in _RECORD_KEYS}
             atomic_write(self.path / "content" / f"{entry['content_key'][:32]}.json",
                          (json.dumps(record, sort_keys=True) + "\n").encode())
         except OSError as exc:
             warn_once(f"shared-write:{self.path}", "atom-compile: cannot share a piece through %s (%s); "
                       "the other ranks compile it themselves.", self.path, exc.strerror or exc)
+
+
+def _link(root: Path, source: Path, target: Path) -> None:
+    """`target` becomes a hard link of `source`, atomically (a new link renamed over it)."""
+    trust.make_private_dirs(root, target.parent)
+    tmp = target.with_name(f".link-{os.getpid()}-{target.name}")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    os.link(source, tmp)
+    os.replace(tmp, target)
+    # rename() of two links of one file does nothing and leaves the source name behind
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
 
 
 def _write_quiet(path: Path, data: bytes) -> None:
