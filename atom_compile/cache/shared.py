@@ -133,6 +133,8 @@ class SharedPieces:
             logger.debug("atom-compile: shared artifact %s unusable (%s); compiling the piece", source, problem)
             return None
         target = self.cache.artifact_path(rel)
+        if trust.path_problem(self.cache.root, self.cache.path) is not None:
+            return None  # never write into a directory we do not trust (already named as damage)
         try:
             _link(self.cache.root, source, target)
         except OSError as exc:
