@@ -50,6 +50,9 @@ _EXPORTS = {
     "graph_pool": ".runtime.graphs",
     "token_graph": ".runtime.graphs",
     "request_bucket": ".runtime.buckets",
+    # tensor parallel
+    "TPLlamaForCausalLM": ".models.llama_tp",
+    "shard_llama": ".models.llama_tp",
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -92,3 +95,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from .runtime.buckets import request_bucket
     from .runtime.graphs import ReqGraph, TokenGraph, eager_region, graph_pool, token_graph
     from .runtime.model_runner import ModelRunner
+    from .models.llama_tp import TPLlamaForCausalLM, shard_llama

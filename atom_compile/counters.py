@@ -35,6 +35,8 @@ class CompilationCounter:
     num_compiled_artifacts_loaded: int = 0
     # pieces Inductor compiled but could not serialise (kept in memory only)
     num_unsaveable_artifacts: int = 0
+    # pieces another rank compiled (shared content key) that this rank loaded instead
+    num_peer_pieces_loaded: int = 0
     num_cache_errors: int = 0
     # whole Dynamo functions saved / loaded (the warm start that skips Dynamo)
     num_dynamo_functions_saved: int = 0

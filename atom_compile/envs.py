@@ -80,6 +80,23 @@ def log_level() -> str | None:
     return value or None
 
 
+def peer_timeout() -> float:
+    """ATOM_COMPILE_PEER_TIMEOUT: seconds a rank waits for the peer compiling a shared piece
+    before compiling it itself (default 600)."""
+    raw = os.environ.get("ATOM_COMPILE_PEER_TIMEOUT", "").strip()
+    if not raw:
+        return 600.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        from .errors import AtomValueError
+
+        raise AtomValueError(f"ATOM_COMPILE_PEER_TIMEOUT: got {raw!r}; allowed: a positive number of seconds")
+    return value
+
+
 def cache_root(cache_dir: str = "") -> Path:
     """`cache_dir` if set, else $ATOM_COMPILE_CACHE_ROOT, else $XDG_CACHE_HOME/atom (~/.cache/atom)."""
     if cache_dir:
@@ -99,6 +116,7 @@ class Environment:
     check_inputs: bool = True
     compile_disabled: bool = False
     require_cache: bool = False
+    peer_timeout: float = 600.0
 
     @property
     def cache_disabled(self) -> bool:
@@ -112,4 +130,5 @@ def read(cache_dir: str = "") -> Environment:
         check_inputs=check_inputs(),
         compile_disabled=compile_disabled(),
         require_cache=require_cache(),
+        peer_timeout=peer_timeout(),
     )

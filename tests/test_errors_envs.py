@@ -57,3 +57,14 @@ def test_the_backend_keeps_the_environment_it_was_built_with(monkeypatch, tmp_pa
     assert b.environment.cache_root == tmp_path / "first"
     assert ac.backend(ac.CompilationConfig(level=2, cache_dir=str(tmp_path / "cfg"))).environment.cache_root \
         == tmp_path / "cfg"
+
+
+def test_peer_timeout_is_read_once_and_checked(monkeypatch):
+    monkeypatch.delenv("ATOM_COMPILE_PEER_TIMEOUT", raising=False)
+    assert envs.read().peer_timeout == 600.0
+    monkeypatch.setenv("ATOM_COMPILE_PEER_TIMEOUT", "2.5")
+    assert envs.read().peer_timeout == 2.5
+    for bad in ("soon", "0", "-3"):
+        monkeypatch.setenv("ATOM_COMPILE_PEER_TIMEOUT", bad)
+        with pytest.raises(ac.AtomCompileError, match=f"ATOM_COMPILE_PEER_TIMEOUT: got '{bad}'"):
+            envs.read()

@@ -21,6 +21,7 @@ import torch.fx as fx
 
 from .. import envs
 from ..cache import keys
+from ..cache.shared import SharedPieces
 from ..cache.store import PieceCache, current_rank
 from ..config import (
     DEFAULT_SPLITTING_OPS,
@@ -221,7 +222,8 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], cc: Compilation
     )
     cache_hash = keys.compute_hash(factors)
     cache = open_cache(environment, cache_hash, prefix, factors)
-    manager = CompilerManager(compiler, cache, cc.inductor_compile_config)
+    shared = SharedPieces(cache, current_rank(), environment.peer_timeout) if cache is not None else None
+    manager = CompilerManager(compiler, cache, cc.inductor_compile_config, shared)
     if cc.require_cache or environment.require_cache:
         manager.before_compile = _strict_check(environment, prefix, factors, cache_hash, cache, bool(manager.entries))
     _dump(cc, prefix, "traced_graph.py", gm.print_readable(print_output=False))

@@ -1,5 +1,9 @@
 """CompilerManager: compile-or-load of the pieces of one graph, with content dedup.
 
+With a `SharedPieces` (the ranks of a group on one cache root), a piece that no local entry
+holds is compiled under its content key's shared lock: one rank compiles and publishes it,
+the others wait on the lock and load it (cache/shared.py says how a dead owner is passed).
+
 Index entries are keyed by `(runtime_shape, graph_index, compiler)` and name an artifact file
 by its own sha256 (`artifacts/<digest>.bin`), so concurrent writers never disagree about a
 file's bytes. Pieces are also keyed by content: the N identical layers of a decoder are
@@ -21,6 +25,7 @@ import torch.fx as fx
 from .base import CompilerInterface
 from ..counters import compilation_counter
 from ..cache.keys import content_key, graph_fingerprint, sha256_bytes, sha256_file
+from ..cache.shared import SharedPieces
 from ..cache.store import PieceCache, damage, entry_key
 from ..cache.trust import make_private_dir, tree_problems
 
@@ -55,9 +60,11 @@ def _private_umask():
 class CompilerManager:
     """Compile-or-load for one backend instance (one traced graph)."""
 
-    def __init__(self, compiler: CompilerInterface, cache: Optional[PieceCache], compiler_config: dict[str, Any]):
+    def __init__(self, compiler: CompilerInterface, cache: Optional[PieceCache], compiler_config: dict[str, Any],
+                 shared: Optional[SharedPieces] = None):
         self.compiler = compiler
         self.cache = cache
+        self.shared = shared if cache is not None else None
         self.compiler_config = dict(compiler_config or {})
         compiler.initialize_cache(str(cache.path) if cache is not None else None, disable_cache=cache is None)
         index = cache.read_index() if cache is not None else {"entries": []}
@@ -202,6 +209,39 @@ class CompilerManager:
                 self._record(same, graph_index, runtime_shape, shape_locator)
                 return fn
 
+        with self._claim(ck) as owned:
+            if owned:
+                fn = self._from_peer(ck, graph, example_inputs, graph_index, runtime_shape, shape_locator)
+                if fn is not None:
+                    return fn
+            fn, entry = self._compile_new(graph, example_inputs, graph_index, runtime_shape, shape_locator,
+                                          key, ck)
+            if owned and entry is not None:
+                self.shared.publish(entry)
+        return fn
+
+    def _claim(self, ck: str) -> Any:
+        """The shared lock of a content key (the peers' agreement on who compiles it)."""
+        return self.shared.claim(ck) if self.shared is not None else contextlib.nullcontext(False)
+
+    def _from_peer(self, ck: str, graph: fx.GraphModule, example_inputs: list[Any], graph_index: int,
+                   runtime_shape: Optional[int], shape_locator: Optional[list[int]]) -> Optional[Callable]:
+        """The piece a peer rank compiled (and published) while we waited, loaded; else None."""
+        record = self.shared.lookup(ck)
+        if record is None or record["compiler"] != self.compiler.name:
+            return None
+        entry = self.shared.adopt(record)
+        if entry is None:
+            return None
+        fn = self._load(entry, graph, example_inputs, graph_index, runtime_shape)
+        if fn is not None:
+            compilation_counter.num_peer_pieces_loaded += 1
+            self._record(entry, graph_index, runtime_shape, shape_locator)
+        return fn
+
+    def _compile_new(self, graph: fx.GraphModule, example_inputs: list[Any], graph_index: int,
+                     runtime_shape: Optional[int], shape_locator: Optional[list[int]], key: tuple,
+                     ck: str) -> tuple[Callable, Optional[dict]]:
         if self.before_compile is not None:
             self.before_compile(graph_index, runtime_shape)
         start = time.perf_counter()
@@ -221,7 +261,7 @@ class CompilerManager:
         self._by_content[ck] = (fn, entry)
         logger.debug("atom-compile: compiled piece %d (shape %s) in %.2fs", graph_index,
                      runtime_shape if runtime_shape is not None else "general", time.perf_counter() - start)
-        return fn
+        return fn, entry
 
     def _bound_entry(self, key: tuple, ck: str) -> Optional[dict]:
         """The index entry for `key` if it was made for this piece's content; an entry bound

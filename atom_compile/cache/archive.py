@@ -73,7 +73,7 @@ def export_cache(root: Path, cache_hash: str, output: Path) -> dict:
             shipped = _named_files(info)
             for path in _with_parents(info.path, shipped):
                 rel = path.relative_to(info.path).as_posix()
-                tar.add(str(path), arcname=f"{base}/{rel}", recursive=False, filter=_normalised)
+                _add_member(tar, path, f"{base}/{rel}")
                 files += 1
             for ep in points:
                 tar.add(str(ep.path), arcname=f"{CACHE_SUBDIR}/{ENTRYPOINTS}/{ep.path.name}", filter=_normalised)
@@ -93,6 +93,32 @@ def export_cache(root: Path, cache_hash: str, output: Path) -> dict:
             "scratch_shipped": sum(os.lstat(p).st_size for p in shipped if SCRATCH_DIR in p.relative_to(info.path).parts)}
 
 
+
+
+def _add_member(tar: tarfile.TarFile, path: Path, arcname: str) -> None:
+    """Add a file or directory. A piece shared by ranks is one file hard-linked into each rank's
+    directory; tarfile would store the second name as a link, which import refuses, so every
+    name goes in as a regular file (import links them back: `_relink_shared`)."""
+    info = _normalised(tar.gettarinfo(str(path), arcname))
+    if info.islnk():
+        info.type, info.linkname, info.size = tarfile.REGTYPE, "", os.lstat(path).st_size
+    if info.isfile():
+        with open(path, "rb") as f:
+            tar.addfile(info, f)
+    else:
+        tar.addfile(info)
+
+
+def _relink_shared(clean: Path) -> None:
+    """Artifacts with equal names (their digest) in several ranks' directories: one inode."""
+    first: dict[str, Path] = {}
+    for path in sorted(clean.glob("rank_*/*/artifacts/*")):
+        if path.name not in first:
+            first[path.name] = path
+            continue
+        tmp = path.with_name(f".link-{path.name}")
+        os.link(first[path.name], tmp)
+        os.replace(tmp, path)
 
 
 def _named_files(info) -> list[Path]:
@@ -288,6 +314,7 @@ def _assemble(staging: Path, cache_hash: str, pieces: list) -> Path:
             raise ArchiveError(f"the archive's {source.relative_to(staged)} is not a regular file")
         os.rename(source, target)
         os.chmod(target, trust.FILE_MODE | (st.st_mode & 0o100))
+    _relink_shared(clean)
     return clean
 
 

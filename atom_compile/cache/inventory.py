@@ -123,6 +123,8 @@ class CacheInfo:
     created: Optional[float] = None
     last_used: Optional[float] = None
     trust: list[str] = field(default_factory=list)  # why atom-compile would refuse parts of it
+    # prefix -> artifact names compiled once and shared by the ranks (<hash>/shared/<prefix>/)
+    shared: dict[str, set[str]] = field(default_factory=dict)
 
     @property
     def entries(self) -> list[dict]:
@@ -235,9 +237,24 @@ def piece_dirs(root: Path, cache_path: Path) -> list[PieceDir]:
     return sorted(pieces, key=lambda p: (p.rank, p.prefix))
 
 
+def shared_artifacts(cache_path: Path) -> dict[str, set[str]]:
+    """prefix -> the artifact file names in `<hash>/shared/<prefix>/artifacts/`."""
+    out = {}
+    for prefix_entry in _subdirs(cache_path / "shared"):
+        if PREFIX_RE.match(prefix_entry.name):
+            try:
+                out[prefix_entry.name] = {e.name for e in os.scandir(Path(prefix_entry.path) / "artifacts")
+                                          if e.is_file(follow_symlinks=False) and not e.name.startswith(".")}
+            except OSError:
+                continue
+    return out
+
+
 def disk_usage(path: Path) -> tuple[int, int]:
-    """(bytes, files) of the regular files under `path`; links are not followed."""
+    """(bytes, files) of the regular files under `path`; links are not followed, and a file
+    hard-linked several times (a piece shared by ranks) counts once."""
     total = count = 0
+    seen: set[tuple[int, int]] = set()
     stack = [str(path)]
     while stack:
         try:
@@ -247,7 +264,11 @@ def disk_usage(path: Path) -> tuple[int, int]:
                         stack.append(entry.path)
                     elif entry.is_file(follow_symlinks=False):
                         try:
-                            total += entry.stat(follow_symlinks=False).st_size
+                            st = entry.stat(follow_symlinks=False)
+                            if st.st_nlink > 1 and (st.st_dev, st.st_ino) in seen:
+                                continue
+                            seen.add((st.st_dev, st.st_ino))
+                            total += st.st_size
                             count += 1
                         except OSError:
                             pass
@@ -283,6 +304,7 @@ def read_cache(root: Path, cache_hash: str) -> CacheInfo:
         factors, info.factors_problem = None, "not a JSON object"
     info.factors = factors
     info.pieces = piece_dirs(root, path)
+    info.shared = shared_artifacts(path)
     info.scratch_bytes, info.scratch_files = _scratch_usage(info.pieces)
     created = [p.index["created"] for p in info.pieces if p.index and isinstance(p.index.get("created"), (int, float))]
     updated = [p.index["updated"] for p in info.pieces if p.index and isinstance(p.index.get("updated"), (int, float))]

@@ -56,6 +56,7 @@ def cache_json(info: inv.CacheInfo, points: list[inv.EntryPoint], detail: bool) 
         "last_used": info.last_used, "last_used_iso": out.iso(info.last_used),
         "torch_version": info.torch_version, "summary": out.factor_summary(info.factors),
         "entrypoints": sum(1 for p in points if p.hash == info.hash), "problems": info.problems,
+        "shared_artifacts": {prefix: len(names) for prefix, names in sorted(info.shared.items())},
     }
     if detail:
         data["factors"] = info.factors
@@ -96,6 +97,7 @@ def inspect_one(info: inv.CacheInfo, points: list[inv.EntryPoint]) -> list[str]:
         ("torch", info.torch_version or "-"),
         ("prefixes", ", ".join(f"{p.prefix} (rank {p.rank})" for p in info.pieces) or "-"),
         ("entry points", f"{n_points} (a warm start that skips Dynamo)" if n_points else "0"),
+        *_shared_field(info),
     ])
     lines += [f"  ! {p}" for p in info.problems]
     lines += ["", "Key factors"]
@@ -103,7 +105,7 @@ def inspect_one(info: inv.CacheInfo, points: list[inv.EntryPoint]) -> list[str]:
         ("(none)", info.factors_problem or "no factors file")]
     lines += out.wrapped_fields(pairs)
     for piece in info.pieces:
-        lines += ["", _piece_heading(piece)]
+        lines += ["", _piece_heading(piece, info.shared.get(piece.prefix, set()) if len(info.ranks) > 1 else set())]
         if piece.problem:
             continue  # the problem is listed once, above
         rows = [(e["graph_index"], "general" if e.get("runtime_shape") is None else e["runtime_shape"],
@@ -117,11 +119,23 @@ def inspect_one(info: inv.CacheInfo, points: list[inv.EntryPoint]) -> list[str]:
     return lines
 
 
-def _piece_heading(piece: inv.PieceDir) -> str:
+def _shared_field(info: inv.CacheInfo) -> list[tuple[str, str]]:
+    """With several ranks: the pieces compiled once and stored once for all of them."""
+    if len(info.ranks) < 2:
+        return []
+    text = ", ".join(f"{out.plural(len(names), 'artifact')} ({prefix})" for prefix, names in sorted(info.shared.items()))
+    return [("shared", f"{text or 'none'}; compiled by one rank, one file on disk for ranks "
+                       f"{','.join(map(str, info.ranks))}")]
+
+
+def _piece_heading(piece: inv.PieceDir, shared: set[str]) -> str:
     text = f"rank_{piece.rank}/{piece.prefix}: "
     if piece.problem:
         return text + "index unusable (see above)"
     text += out.plural(len(piece.artifact_paths), "artifact")
+    own = [rel for rel in piece.artifact_paths if Path(rel).name not in shared]
+    if shared:
+        text += f" ({len(own)} of this rank's own)"
     if piece.dynamo_function:
         text += ", 1 Dynamo function"
     return text + f" ({out.plural(len(piece.entries), 'index entry', 'index entries')})"

@@ -1,0 +1,177 @@
+"""Pieces shared by the ranks of a tensor-parallel group: stored once, compiled by one rank.
+
+Layout, beside the per-rank directories of one `<hash>`::
+
+    <hash>/shared/<prefix>/artifacts/<digest>.bin    hard links of the ranks' artifacts
+    <hash>/shared/<prefix>/content/<content key>.json  which artifact holds that content
+    <hash>/shared/<prefix>/locks/<content key>.lock    held by the rank compiling it
+    <hash>/shared/<prefix>/locks/<content key>.owner   "<rank> <pid>" while it compiles
+
+A piece's content key covers its code, shapes and constants, so equal keys on two ranks mean
+the same compiled code. The rank that takes a key's lock first compiles and publishes; the
+others wait on the lock, then find the record and link the artifact into their own directory
+(one inode: stored once). The lock is an flock, which the kernel drops when its holder dies,
+so a killed owner never blocks the others; an `.owner` file left behind names the dead one.
+A live owner that does not finish within the timeout is passed by: the waiter compiles itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Iterator, Optional
+
+import filelock
+
+from . import trust
+from .index import SHA_RE, check_rel_path
+from .store import PieceCache, atomic_write, damage, digest_problem, warn_once
+
+logger = logging.getLogger("atom_compile")
+
+SHARED_DIR = "shared"
+_RECORD_KEYS = ("content_key", "graph", "compiler", "handle", "sha256", "bytes")
+
+
+class SharedPieces:
+    """The shared directory of one PieceCache's `<hash>` and prefix."""
+
+    def __init__(self, cache: PieceCache, rank: int, timeout: float):
+        self.cache = cache
+        self.rank = rank
+        self.timeout = timeout
+        self.path = cache.hash_path / SHARED_DIR / cache.path.name
+        self.ready = False
+
+    def _dirs(self) -> bool:
+        if not self.ready:
+            try:
+                for sub in ("artifacts", "content", "locks"):
+                    trust.make_private_dirs(self.cache.root, self.path / sub)
+                problem = trust.path_problem(self.cache.root, self.path)
+            except OSError as exc:
+                problem = exc.strerror or str(exc)
+            if problem is not None:
+                warn_once(f"shared:{self.path}", "atom-compile: not sharing pieces through %s (%s); "
+                          "this rank compiles its pieces itself.", self.path, problem)
+                return False
+            self.ready = True
+        return True
+
+    @contextlib.contextmanager
+    def claim(self, ck: str) -> Iterator[bool]:
+        """Hold the content key's lock while the block looks up, compiles and publishes it.
+        Yields False (no lock) when there is no shared directory or the owner timed out."""
+        if not self.cache.writable or not self._dirs():
+            yield False
+            return
+        name = ck[:32]
+        lock = filelock.FileLock(str(self.path / "locks" / f"{name}.lock"), timeout=self.timeout,
+                                 mode=trust.FILE_MODE)
+        try:
+            lock.acquire()
+        except filelock.Timeout:
+            warn_once(f"peer-timeout:{self.path}", "atom-compile: a peer has been compiling piece %s... for "
+                      "more than %.0fs (ATOM_COMPILE_PEER_TIMEOUT); compiling it on rank %d instead.",
+                      name[:12], self.timeout, self.rank)
+            yield False
+            return
+        owner = self.path / "locks" / f"{name}.owner"
+        try:
+            self._note_dead_owner(owner, name)
+            _write_quiet(owner, f"{self.rank} {os.getpid()}\n".encode())
+            yield True
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(owner)
+            lock.release()
+
+    def _note_dead_owner(self, owner: Path, name: str) -> None:
+        try:
+            who = owner.read_text().split()
+        except (OSError, UnicodeDecodeError):
+            return
+        warn_once(f"dead-owner:{self.path}", "atom-compile: rank %s (pid %s) died while compiling piece "
+                  "%s...; compiling it on rank %d.", who[0] if who else "?", who[1] if len(who) > 1 else "?",
+                  name[:12], self.rank)
+
+    def lookup(self, ck: str) -> Optional[dict]:
+        """The published record of `ck`, or None (absent, or damaged: named once)."""
+        path = self.path / "content" / f"{ck[:32]}.json"
+        try:
+            record = trust.loads_bounded(trust.read_bytes(self.cache.root, path, trust.MAX_JSON_BYTES).decode())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, trust.Untrusted) as exc:
+            damage(path, f"it cannot be read ({exc})", "compiling the piece here.")
+            return None
+        if not isinstance(record, dict) or any(k not in record for k in _RECORD_KEYS) \
+                or record["content_key"] != ck or not SHA_RE.match(str(record["sha256"])) \
+                or not isinstance(record["handle"], dict):
+            damage(path, "it is not a record of this piece", "compiling the piece here.")
+            return None
+        try:
+            check_rel_path(record["handle"].get("path"))
+        except ValueError as exc:
+            damage(path, str(exc), "compiling the piece here.")
+            return None
+        return {k: record[k] for k in _RECORD_KEYS}
+
+    def adopt(self, record: dict) -> Optional[dict]:
+        """Link the shared artifact of `record` into this rank's directory; the entry, or None."""
+        rel = record["handle"]["path"]
+        source = self.path / rel
+        if self.cache.verify(rel, record["sha256"]) is None:
+            return dict(record)
+        problem = digest_problem(self.cache.root, source, record["sha256"])
+        if problem is not None:
+            # Usually the same inode as a rank's artifact already named as damage: not counted
+            # again. This rank compiles the piece and its publish replaces the file.
+            logger.debug("atom-compile: shared artifact %s unusable (%s); compiling the piece", source, problem)
+            return None
+        target = self.cache.artifact_path(rel)
+        if trust.path_problem(self.cache.root, self.cache.path) is not None:
+            return None  # never write into a directory we do not trust (already named as damage)
+        try:
+            _link(self.cache.root, source, target)
+        except OSError as exc:
+            self.cache.write_failed(target, exc)
+            return None
+        return dict(record)
+
+    def publish(self, entry: dict) -> None:
+        """Make a freshly compiled artifact (already in this rank's directory) shared."""
+        if not self._dirs():
+            return
+        rel = entry["handle"]["path"]
+        target = self.path / rel
+        try:
+            # Replaced even when present: a damaged shared file must not outlive a fresh compile.
+            _link(self.cache.root, self.cache.artifact_path(rel), target)
+            record = {k: entry[k] for k in _RECORD_KEYS}
+            atomic_write(self.path / "content" / f"{entry['content_key'][:32]}.json",
+                         (json.dumps(record, sort_keys=True) + "\n").encode())
+        except OSError as exc:
+            warn_once(f"shared-write:{self.path}", "atom-compile: cannot share a piece through %s (%s); "
+                      "the other ranks compile it themselves.", self.path, exc.strerror or exc)
+
+
+def _link(root: Path, source: Path, target: Path) -> None:
+    """`target` becomes a hard link of `source`, atomically (a new link renamed over it)."""
+    trust.make_private_dirs(root, target.parent)
+    tmp = target.with_name(f".link-{os.getpid()}-{target.name}")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    os.link(source, tmp)
+    os.replace(tmp, target)
+    # rename() of two links of one file does nothing and leaves the source name behind
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+
+
+def _write_quiet(path: Path, data: bytes) -> None:
+    with contextlib.suppress(OSError):
+        atomic_write(path, data)

@@ -1,0 +1,89 @@
+"""Cold compile of a tensor-parallel group: one cache root shared by the ranks against every
+rank compiling alone, and against one rank by itself.
+
+For each group size N, in fresh processes (gloo, CPU), the tiny Llama (2 layers, 4 KV heads
+so that 4 ranks divide them), level 3, empty caches:
+  one rank      a group of 1: the work of a single process
+  alone         N ranks, each with its own cache root (what every rank compiling does today)
+  shared        N ranks, one cache root: each unique piece compiled by one rank
+Reported: wall time of the group (start to every rank's first correct output), the summed
+CPU seconds in the compiler over the ranks, and the summed number of compiler runs.
+
+    python benchmarks/tp_compile.py --nproc 2,4 [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+JOB = REPO / "tests" / "distributed" / "_tp_job.py"
+
+
+def run_group(world: int, roots: list[str], work: str) -> dict:
+    """Start `world` ranks (rank r uses roots[r]); wait; wall time and summed counters."""
+    init = f"file://{work}/init-{time.monotonic_ns()}"
+    env = dict(os.environ, PYTHONPATH=str(REPO), TORCHINDUCTOR_CACHE_DIR=os.path.join(work, "inductor"),
+               TORCHINDUCTOR_COMPILE_THREADS="1")
+    start = time.perf_counter()
+    procs = []
+    for r in range(world):
+        out = os.path.join(work, f"rank{r}-{time.monotonic_ns()}.json")
+        cmd = [sys.executable, str(JOB), "--rank", str(r), "--world", str(world), "--init", init,
+               "--cache-root", roots[r], "--out", out, "--kv-heads", "4"]
+        procs.append((subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env), out))
+    reports = []
+    for proc, out in procs:
+        _, err = proc.communicate(timeout=1800)
+        if proc.returncode != 0:
+            raise SystemExit(f"a rank failed:\n{err[-3000:]}")
+        reports.append(json.loads(Path(out).read_text()))
+    wall = time.perf_counter() - start
+    worst = max(r["max_abs_err"] for r in reports)
+    if worst > 1e-5:
+        raise SystemExit(f"wrong output: max abs error {worst}")
+    return {"wall_s": round(wall, 2), "compiler_cpu_s": round(sum(r["inductor_cpu_s"] for r in reports), 2),
+            "compiles": sum(r["counters"]["num_inductor_compiles"] for r in reports)}
+
+
+def measure(world: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="atom-tp-bench-") as work:
+        one = run_group(1, [os.path.join(work, "one")], work)
+        alone = run_group(world, [os.path.join(work, f"alone{r}") for r in range(world)], work)
+        shared = run_group(world, [os.path.join(work, "shared")] * world, work)
+    return {"nproc": world, "one_rank": one, "alone": alone, "shared": shared,
+            "wall_vs_one": round(shared["wall_s"] / one["wall_s"], 2),
+            "compiler_cpu_vs_one": round(shared["compiler_cpu_s"] / max(one["compiler_cpu_s"], 1e-9), 2)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nproc", default="2,4", help="group sizes, comma-separated")
+    ap.add_argument("--json", help="write the results here too")
+    args = ap.parse_args()
+    try:
+        sizes = [int(n) for n in args.nproc.split(",") if n]
+    except ValueError:
+        raise SystemExit(f"--nproc: got {args.nproc!r}; allowed: comma-separated positive integers") from None
+    if not sizes or min(sizes) < 1:
+        raise SystemExit(f"--nproc: got {args.nproc!r}; allowed: comma-separated positive integers")
+    results = [measure(n) for n in sizes]
+    print(f"{'N':>2}  {'arm':<9} {'wall s':>7} {'compiler CPU s':>15} {'compiles':>8}")
+    for res in results:
+        for arm in ("one_rank", "alone", "shared"):
+            row = res[arm]
+            print(f"{res['nproc']:>2}  {arm:<9} {row['wall_s']:>7.2f} {row['compiler_cpu_s']:>15.2f} {row['compiles']:>8}")
+        print(f"    shared/one rank: wall {res['wall_vs_one']}x, compiler CPU {res['compiler_cpu_vs_one']}x")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

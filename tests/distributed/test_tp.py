@@ -1,0 +1,99 @@
+"""Tensor parallel over gloo on CPU: 2 ranks, 2 layers of the tiny Llama, real processes.
+
+Identical pieces are compiled by one rank of all the processes that share a cache root and
+loaded by the others; a dead or hung owner is passed by.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .helpers import env, finish, start_group, start_rank, stderr_tail, total
+
+
+TOL = 1e-5
+
+
+def _content_records(cache_root) -> list:
+    return sorted((cache_root / "torch_compile_cache").glob("*/shared/*/content/*.json"))
+
+
+def test_two_groups_compile_each_piece_once_then_nothing(tmp_path):
+    root = tmp_path / "cache"
+    procs = start_group(tmp_path, root, "a", 2) + start_group(tmp_path, root, "b", 2)
+    names = ["a-0", "a-1", "b-0", "b-1"]
+    reports = finish(tmp_path, procs, names)
+    assert all(r["max_abs_err"] < TOL for r in reports), [r["max_abs_err"] for r in reports]
+    unique = reports[0]["counters"]["num_piecewise_capturable_graphs_seen"]
+    assert unique == 3  # embed+layer0 | layer0+layer1 | layer1+norm: different code each
+    assert len(_content_records(root)) == unique
+    assert total(reports, "num_inductor_compiles") == unique, stderr_tail(tmp_path, names)
+    assert total(reports, "num_peer_pieces_loaded") == 4 * unique - unique
+    assert total(reports, "num_cache_errors") == 0
+
+    again = finish(tmp_path, start_group(tmp_path, root, "c", 2), ["c-0", "c-1"])
+    assert all(r["max_abs_err"] < TOL for r in again)
+    assert total(again, "num_inductor_compiles") == 0
+    assert total(again, "num_cache_errors") == 0
+    _archive_round_trip(tmp_path, root, unique)
+
+
+def _cli(*args: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", "atom_compile.cli", *args], capture_output=True, text=True,
+                          env=env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def _archive_round_trip(tmp_path, root, unique: int) -> None:
+    """inspect names the shared pieces; export/import move both ranks as one cache whose
+    shared artifacts stay one file each; the imported copy starts the group with no compile."""
+    [cache_hash] = [p.name for p in (root / "torch_compile_cache").iterdir() if len(p.name) == 16]
+    text = _cli("inspect", cache_hash, "--cache-root", str(root))
+    assert f"shared        {unique} artifacts (TPLlamaModel)" in text and "rank_1/TPLlamaModel" in text
+    archive, fresh = tmp_path / "tp.tar.gz", tmp_path / "fresh"
+    _cli("export", cache_hash, "-o", str(archive), "--cache-root", str(root))
+    _cli("import", str(archive), "--cache-root", str(fresh))
+    arts = sorted((fresh / "torch_compile_cache" / cache_hash).glob("rank_*/*/artifacts/*.bin"))
+    assert len(arts) == 2 * unique and len({a.stat().st_ino for a in arts}) == unique
+    warm = finish(tmp_path, start_group(tmp_path, fresh, "d", 2), ["d-0", "d-1"])
+    assert all(r["max_abs_err"] < TOL for r in warm)
+    assert total(warm, "num_inductor_compiles") == 0 and total(warm, "num_cache_errors") == 0
+    _cli("clear", cache_hash, "--yes", "--cache-root", str(fresh))
+    assert not (fresh / "torch_compile_cache" / cache_hash).exists()
+
+
+def _wait_for(path, proc, seconds=120.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert proc.poll() is None, "the owner exited before compiling"
+        assert time.monotonic() < deadline, "the owner never started compiling"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("stall", [False, True], ids=["killed", "hung"])
+def test_owner_dies_or_hangs_mid_compile(tmp_path, stall):
+    """Two processes without a group, one cache root: the owner of the first piece is killed
+    (or hangs) inside the compiler; the other compiles it itself, once warned, correct."""
+    root, ready = tmp_path / "cache", tmp_path / "compiling"
+    one_layer = ["--layers", "1"]  # two pieces: keeps the test short
+    owner = start_rank(tmp_path, root, "owner", *one_layer, "--die-in-compile", str(ready),
+                       *(["--stall"] if stall else []))
+    try:
+        _wait_for(ready, owner)
+        started = time.monotonic()
+        other = start_rank(tmp_path, root, "other", *one_layer, extra_env={"ATOM_COMPILE_PEER_TIMEOUT": "3"})
+        [report] = finish(tmp_path, [other], ["other"], timeout=180)
+        assert time.monotonic() - started < 180
+    finally:
+        owner.kill()
+        owner.wait()
+    assert report["max_abs_err"] < TOL
+    assert report["counters"]["num_inductor_compiles"] == 2
+    err = (tmp_path / "other.err").read_text()
+    said = "for more than 3s" if stall else "died while compiling"
+    assert err.count(said) == 1, err[-3000:]
