@@ -53,6 +53,7 @@ PACKAGE_ENV = {
     "ATOM_COMPILE_CHECK_INPUTS": "a per-call check around the compiled code",
     "ATOM_COMPILE_LOG": "log level",
     "ATOM_COMPILE_REQUIRE_CACHE": "refuses to compile; changes nothing it loads",
+    "ATOM_COMPILE_PEER_TIMEOUT": "how long a rank waits for a peer compiling a shared piece",
     "ATOM_COMPILE_DISABLE_VLLM_PLUGIN": "whether vLLM's plugin hook registers anything",
     "ATOM_COMPILE_DISABLE_VLLM_PLUGIN_ATTENTION": "whether that hook registers our attention op",
 }
