@@ -21,6 +21,7 @@ import torch.fx as fx
 
 from .. import envs
 from ..cache import keys
+from ..cache.remote import RemoteTier, tier_for
 from ..cache.store import PieceCache, current_rank
 from ..config import (
     DEFAULT_SPLITTING_OPS,
@@ -221,7 +222,12 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], cc: Compilation
     )
     cache_hash = keys.compute_hash(factors)
     cache = open_cache(environment, cache_hash, prefix, factors)
+    tier = remote_tier(cc, environment) if cache is not None else None
+    if tier is not None and not os.path.lexists(cache.index_path):
+        tier.pull(cache)  # look-up order: local disk first, the remote only on a local miss
     manager = CompilerManager(compiler, cache, cc.inductor_compile_config)
+    if tier is not None:
+        manager.on_commit = lambda: tier.publish(cache)
     _dump(cc, prefix, "traced_graph.py", gm.print_readable(print_output=False))
 
     floats.fold_constant_scalars(gm)
@@ -251,6 +257,12 @@ def open_cache(environment: envs.Environment, cache_hash: str, prefix: str, fact
     if cache is not None:
         cache.write_factors(factors)
     return cache
+
+
+def remote_tier(cc: CompilationConfig, environment: envs.Environment) -> Optional[RemoteTier]:
+    """The remote tier the config (else the environment) names, or None (off)."""
+    return tier_for(cc.remote_cache or environment.remote_cache, environment.remote_key,
+                    environment.remote_key_file, environment.remote_timeout)
 
 
 def compile_pieces(split_gm: fx.GraphModule, items: list[SplitItem], manager: CompilerManager,

@@ -72,6 +72,7 @@ class CompilerManager:
         self._scratch_checked = False
         self._scratch_used = False
         self._private_scratch: Optional[str] = None
+        self.on_commit: Optional[Callable[[], Any]] = None  # called after each index write (publishing)
 
     @property
     def can_write(self) -> bool:
@@ -326,5 +327,7 @@ class CompilerManager:
             if self.cache.commit(self._pending, self._remove, dynamo_function, scratch_used=self._scratch_used):
                 if dynamo_function is not None:
                     self.dynamo_function = dynamo_function
+                if self.on_commit is not None:
+                    self.on_commit()
             self._pending, self._remove = [], []
             self._scratch_used = False
