@@ -274,3 +274,37 @@ def local_piece_dirs(root: Path) -> list[tuple[str, int, str]]:
         if rank.isdigit():
             out.append((prefix_dir.parent.parent.name, int(rank), prefix_dir.name))
     return out
+
+
+def _matches(name: str, only: Optional[str]) -> bool:
+    return only is None or name == only or name.split("/", 1)[0] == only
+
+
+def push_all(tier: RemoteTier, root: Path, only: Optional[str] = None) -> dict[str, bool]:
+    """Publish every local piece cache (or those of one `<hash>`, or one name): {name: published}."""
+    out = {}
+    for cache_hash, rank, prefix in local_piece_dirs(root):
+        cache = PieceCache(root, cache_hash, rank, prefix)
+        name = cache_name(cache)
+        if _matches(name, only):
+            out[name] = tier.publish(cache)
+    return out
+
+
+def pull_all(tier: RemoteTier, root: Path, only: Optional[str] = None) -> dict[str, bool]:
+    """Pull every remote entry (or one `<hash>`, or one name) missing locally: {name: pulled}."""
+    out = {}
+    for name in list_entries(tier):
+        parts = name.split("/")
+        if len(parts) != 3 or not parts[1].startswith("rank_") or not parts[1][5:].isdigit() \
+                or not _matches(name, only):
+            continue
+        try:
+            cache = PieceCache.open(root, parts[0], int(parts[1][5:]), parts[2])
+        except ValueError:
+            continue  # a name that is no cache of ours
+        if cache is not None and not os.path.lexists(cache.index_path):
+            out[name] = tier.pull(cache)
+        else:
+            out[name] = False
+    return out
