@@ -308,3 +308,33 @@ def pull_all(tier: RemoteTier, root: Path, only: Optional[str] = None) -> dict[s
         else:
             out[name] = False
     return out
+
+
+def check_entry(tier: RemoteTier, name: str, objects: bool) -> dict[str, Any]:
+    """What the remote holds for `name`: publisher, time, files and whether it verifies
+    (the signature; with `objects`, each object's digest too). Unavailable if the remote fails."""
+    out: dict[str, Any] = {"name": name, "ok": False, "reason": None, "publisher": None, "published": None,
+                           "files": 0, "bytes": 0}
+    raw = tier._call("reading an entry", tier.store.get, entry_key(name), trust.MAX_JSON_BYTES)
+    if raw is None:
+        out["reason"] = "no entry"
+        return out
+    try:
+        doc = trust.loads_bounded(raw.decode())
+        if isinstance(doc, dict):
+            out["publisher"], out["published"] = doc.get("publisher"), doc.get("published")
+        _, index = parse_entry(raw, name, tier.key)
+        files = named_files(index)
+        out["files"] = len(files)
+        if objects:
+            for rel, digest in files.items():
+                data = tier._call("reading an object", tier.store.get, object_key(digest), MAX_OBJECT_BYTES)
+                if data is None or hashlib.sha256(data).hexdigest() != digest:
+                    raise Refused(f"object {digest[:12]}... ({rel}) is " + ("missing" if data is None else
+                                  "truncated or altered"))
+                out["bytes"] += len(data)
+    except (UnicodeDecodeError, ValueError, Refused, IndexInvalid) as exc:
+        out["reason"] = str(exc)
+        return out
+    out["ok"] = True
+    return out
