@@ -28,7 +28,7 @@ import torch
 
 from . import envs
 from .backends import aot
-from .backends.atom_backend import AtomBackend
+from .backends.atom_backend import AtomBackend, remote_tier
 from .config import CompilationConfig, CompilationLevel, Config, as_compilation_config
 from .counters import compilation_counter
 from .errors import AtomTypeError, AtomValueError, BufferMutationError, RecompileError
@@ -204,7 +204,7 @@ class CompiledDispatcher:
         # bytecode Dynamo produces (a bytecode hook) and calling it directly.
         if aot.supported() and compiler_factors is not None:
             fn = aot.try_load(cc, compiler_factors, device_type, prefix, self, args, f_globals,
-                              self._atom_env.cache_root)
+                              self._atom_env.cache_root, remote_tier(cc, self._atom_env))
             if fn is not None:
                 _check_code(fn.__code__, cls)
                 return self._atom_start_dispatch(fn, args, kwargs)

@@ -99,6 +99,7 @@ class CompileResult:
     split_gm: Optional[fx.GraphModule] = None
     items: list[SplitItem] = field(default_factory=list)
     copy_indices: Optional[list[int]] = None
+    remote: Optional[RemoteTier] = None
 
     def state(self, cc: CompilationConfig, prefix: str) -> dict:
         """What loading needs besides the graphs: the config, where the pieces are, the copies."""
@@ -245,7 +246,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], cc: Compilation
         manager.compile_seconds, manager.load_seconds, f", cache {cache.path}" if cache is not None else ", no cache",
     )
     return CompileResult(fn, time.perf_counter() - start, traced_files, factors, cache_hash, cache, manager,
-                         split_gm, items, copy_indices)
+                         split_gm, items, copy_indices, tier)
 
 
 def open_cache(environment: envs.Environment, cache_hash: str, prefix: str, factors: dict) -> Optional[PieceCache]:
