@@ -103,6 +103,7 @@ class RemoteTier:
         self.timeout = timeout
         self.down = False
         self._bad_objects: set[str] = set()
+        self._refused = False
         self._synced: dict[str, str] = {}  # cache name -> sha256 of the index text last pulled/pushed
 
     def _call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -129,6 +130,15 @@ class RemoteTier:
                   "continuing with the local cache only in this process.", self.store.url, what, reason)
         raise Unavailable(self.store.url)
 
+    def refuse(self, what: str, reason: object, consequence: str) -> None:
+        """Say why a remote entry is not used: a warning the first time in the process, then info."""
+        message = f"atom-compile: refusing the remote {what} from {self.store.url}: {reason}; {consequence}."
+        if self._refused:
+            logger.info(message)
+        else:
+            self._refused = True
+            logger.warning(message)
+
     # --- pull --------------------------------------------------------------------------------
 
     def pull(self, cache: PieceCache) -> bool:
@@ -143,8 +153,7 @@ class RemoteTier:
         except Unavailable:
             return False
         except (Refused, IndexInvalid) as exc:
-            warn_once(f"remote-refused:{self.store.url}:{name}", "atom-compile: refusing the remote cache "
-                      "entry %s from %s: %s; compiling locally.", name, self.store.url, exc)
+            self.refuse(f"cache entry {name}", exc, "compiling locally")
             return False
         installed = self._install(cache, text, blobs)
         if installed:

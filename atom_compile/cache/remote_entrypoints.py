@@ -19,7 +19,9 @@ from typing import Optional
 from .._version import __version__
 from . import signing, trust
 from .remote import PREFIX, Refused, RemoteTier, Unavailable
-from .store import HASH_RE, PieceCache, atomic_write, warn_once
+from .store import HASH_RE, PieceCache, atomic_write, caches_dir
+
+ENTRYPOINTS = "entrypoints"  # the directory aot.py writes entry points to, under caches_dir
 
 FORMAT = "atom-compile-remote-entrypoint"
 _KEY_RE = re.compile(r"^[0-9a-f]{32}$")
@@ -73,8 +75,7 @@ def pull_entrypoint(tier: RemoteTier, root: Path, key: str, path: Path, rank: in
     except Unavailable:
         return False
     except Refused as exc:
-        warn_once(f"remote-refused:{tier.store.url}:{key}", "atom-compile: refusing the remote entry point %s "
-                  "from %s: %s; tracing locally.", key, tier.store.url, exc)
+        tier.refuse(f"entry point {key}", exc, "tracing locally")
         return False
     try:
         cache: Optional[PieceCache] = PieceCache.open(root, cache_hash, rank, prefix)
@@ -89,3 +90,18 @@ def pull_entrypoint(tier: RemoteTier, root: Path, key: str, path: Path, rank: in
         cache.write_failed(path, exc)
         return False
     return True
+
+
+def push_entrypoints(tier: RemoteTier, root: Path) -> dict[str, bool]:
+    """Publish every local entry point (after the caches they name): {entrypoints/<key>: published}."""
+    out = {}
+    for path in sorted((caches_dir(root) / ENTRYPOINTS).glob("*.json")):
+        if not _KEY_RE.match(path.stem):
+            continue
+        try:
+            text = trust.read_bytes(root, path, trust.MAX_JSON_BYTES).decode()
+        except (OSError, UnicodeDecodeError):
+            out[f"entrypoints/{path.stem}"] = False
+            continue
+        out[f"entrypoints/{path.stem}"] = publish_entrypoint(tier, path.stem, text)
+    return out

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from .. import envs
 from ..cache import remote, signing
+from ..cache.remote_entrypoints import push_entrypoints
 from ..cache.remote_stores import StoreError
 from . import output as out
 from .common import CliError, resolve_root
@@ -72,8 +73,15 @@ def _each(args: argparse.Namespace, work: Callable[..., dict[str, bool]]) -> dic
     return done
 
 
+def _push(tier: remote.RemoteTier, root: Any, only: Any) -> dict[str, bool]:
+    done = remote.push_all(tier, root, only)
+    if only is None:  # entry points let an empty machine skip Dynamo too; they follow their caches
+        done.update(push_entrypoints(tier, root))
+    return done
+
+
 def run_push(args: argparse.Namespace) -> int:
-    done = _each(args, remote.push_all)
+    done = _each(args, _push)
     if args.json:
         out.emit({"caches": [{"name": n, "pushed": ok} for n, ok in sorted(done.items())]})
     elif not done:

@@ -8,7 +8,6 @@ bounded time. The in-process cases run the real pull against the real server.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -106,6 +105,8 @@ def _names(client: redis.Redis) -> list[str]:
 
 def _assert_warm(report: dict, a_report: dict) -> None:
     assert report["counters"]["num_inductor_compiles"] == 0, report["stderr"]
+    assert report["counters"]["num_graphs_seen"] == 0, "Dynamo traced: the entry point did not travel"
+    assert report["counters"]["num_dynamo_functions_loaded"] == 1
     assert report["counters"]["num_compiled_artifacts_loaded"] == 2
     assert report["output_sha256"] == a_report["output_sha256"]
     assert not _warnings(report["stderr"]), report["stderr"]
@@ -121,8 +122,12 @@ def test_machine_b_redis_compiles_nothing(machine_a, redis_url, tmp_path):
 def test_machine_b_fsspec_compiles_nothing(machine_a, tmp_path):
     url = f"file://{tmp_path / 'bucket'}"
     tier = remote.RemoteTier(remote.open_store(url, TIMEOUT), KEY.encode(), TIMEOUT)
-    pushed = remote.push_all(tier, machine_a[0] / "cache")
-    assert pushed and all(pushed.values()), pushed
+    proc = subprocess.run([sys.executable, "-m", "atom_compile.cli", "push", "--cache-root",
+                           str(machine_a[0] / "cache"), "--remote-cache", url, "--json"],
+                          capture_output=True, text=True, env=dict(os.environ, ATOM_COMPILE_REMOTE_KEY=KEY))
+    assert proc.returncode == 0, proc.stderr
+    pushed = json.loads(proc.stdout)["caches"]
+    assert len(pushed) == 2 and all(c["pushed"] for c in pushed), pushed  # the cache, its entry point
     assert not list((tmp_path / "bucket").rglob(".tmp-*")), "a temporary object was left behind"
     report, _ = _machine(tmp_path / "b", url)
     _assert_warm(report, machine_a[1])
@@ -139,6 +144,16 @@ def test_remote_hanging_costs_one_timeout(machine_a, tmp_path):
     (warning,) = _warnings(report["stderr"])
     assert "no answer within" in warning and "local cache only" in warning
     assert seconds < machine_a[1]["seconds"] + 3 * TIMEOUT + 30  # a cold compile, plus one timeout
+
+
+def test_wrong_key_machine_compiles_locally(machine_a, redis_url, tmp_path):
+    """Machine B holds another key: A's entries are refused (one warning), B compiles, correctly."""
+    _copy_db(redis_url, 5)
+    report, _ = _machine(tmp_path / "b", f"{redis_url}/5", key="another-key-0123456789")
+    assert report["counters"]["num_inductor_compiles"] == 2
+    assert report["max_abs_err"] < TOL
+    (warning,) = _warnings(report["stderr"])
+    assert "refusing the remote" in warning and "signature does not verify" in warning
 
 
 # --- pulls in this process against the real server ------------------------------------------------
