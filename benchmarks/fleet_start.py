@@ -3,6 +3,7 @@
 Each start is a fresh process (benchmarks/_startup.py, the built-in Llama at level 3):
   cold         an empty cache; the compile is published to the remote tier
   local warm   the same cache root again (the remote is configured but never needed)
+  (every start gets an empty Inductor cache, as in warm_start.py: only atom's cache is reused)
   remote warm  another cache root and HOME, empty: everything comes from the remote, verified
 Goal: remote warm within 1.5x of local warm (compile phase: first call to first correct output).
 
@@ -30,8 +31,10 @@ KEY = "benchmark-signing-key-0123456789"
 
 def start(work: Path, machine: str, remote: str, args: argparse.Namespace) -> dict:
     home = work / machine
+    # a fresh Inductor cache for every start (as in warm_start.py): only atom's cache is reused
+    inductor = tempfile.mkdtemp(prefix="inductor-", dir=work)
     env = dict(os.environ, HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"),
-               ATOM_COMPILE_CACHE_ROOT=str(home / "atom"), TORCHINDUCTOR_CACHE_DIR=str(home / "inductor"),
+               ATOM_COMPILE_CACHE_ROOT=str(home / "atom"), TORCHINDUCTOR_CACHE_DIR=inductor,
                ATOM_COMPILE_REMOTE_CACHE=remote, ATOM_COMPILE_REMOTE_KEY=KEY, PYTHONUNBUFFERED="1")
     cmd = [sys.executable, str(HERE / "_startup.py"), "--arm", "atom", "--layers", str(args.layers),
            "--device", "cpu", "--preset", args.preset]

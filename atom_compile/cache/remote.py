@@ -144,6 +144,7 @@ class RemoteTier:
     def pull(self, cache: PieceCache) -> bool:
         """Fill an empty local cache from its signed remote entry; True if it was installed."""
         name = cache_name(cache)
+        start = time.perf_counter()
         try:
             raw = self._call("reading an entry", self.store.get, entry_key(name), trust.MAX_JSON_BYTES)
             if raw is None:
@@ -158,7 +159,8 @@ class RemoteTier:
         installed = self._install(cache, text, blobs)
         if installed:
             self._synced[name] = hashlib.sha256(text.encode()).hexdigest()
-            logger.info("atom-compile: pulled %s from %s (%d files)", name, self.store.url, len(blobs))
+            logger.info("atom-compile: pulled %s from %s (%d files, %d bytes) in %.2fs", name, self.store.url,
+                        len(blobs), sum(len(b) for b in blobs.values()), time.perf_counter() - start)
         return installed
 
     def _fetch_objects(self, cache: PieceCache, files: dict[str, str]) -> dict[str, bytes]:
@@ -180,13 +182,13 @@ class RemoteTier:
     def _install(self, cache: PieceCache, text: str, blobs: dict[str, bytes]) -> bool:
         """Write the files, then the index last, under the cache's lock; False if it cannot."""
         try:
-            for rel, data in blobs.items():
-                path = cache.path / rel
-                trust.make_private_dirs(cache.root, path.parent)
-                atomic_write(path, data)
             with cache._lock():
                 if os.path.lexists(cache.index_path):
-                    return False  # another process filled it meanwhile: its index stands
+                    return False  # another process filled it meanwhile: its index and files stand
+                for rel, data in blobs.items():
+                    path = cache.path / rel
+                    trust.make_private_dirs(cache.root, path.parent)
+                    atomic_write(path, data)
                 atomic_write(cache.index_path, text.encode())
         except OSError as exc:
             cache.write_failed(cache.path, exc)

@@ -15,6 +15,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -232,6 +233,24 @@ def test_fsspec_truncated_object_is_refused(machine_a, tmp_path, empty_cache, ca
     victim.write_bytes(victim.read_bytes()[:100])
     pulled, _, warnings = _pull(url, empty_cache(), caplog)
     assert not pulled and len(warnings) == 1 and "truncated" in warnings[0], warnings
+
+
+def test_concurrent_publishers_are_harmless(machine_a, tmp_path, empty_cache, caplog):
+    """Four publishers of the same cache at once: whole objects, one whole entry, a good pull."""
+    url = f"file://{tmp_path / 'bucket'}"
+    tiers = [remote.RemoteTier(remote.open_store(url, 30), KEY.encode(), 30) for _ in range(4)]
+    results: list[dict] = []
+    threads = [threading.Thread(target=lambda t=t: results.append(remote.push_all(t, machine_a[0] / "cache")))
+               for t in tiers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(results) == 4 and all(all(r.values()) for r in results), results
+    assert not list((tmp_path / "bucket").rglob(".tmp-*")), "a temporary object was left behind"
+    cache = empty_cache()
+    pulled, _, warnings = _pull(url, cache, caplog)
+    assert pulled and not warnings
 
 
 # --- keys -----------------------------------------------------------------------------------------
