@@ -89,6 +89,7 @@ def remote_key_file() -> str | None:
 
 
 DEFAULT_REMOTE_TIMEOUT = 2.0
+_warned_timeouts: set[str] = set()
 
 
 def remote_timeout() -> float:
@@ -101,6 +102,9 @@ def remote_timeout() -> float:
     except ValueError:
         value = -1.0
     if not 0 < value <= 600:
+        if text in _warned_timeouts:
+            return DEFAULT_REMOTE_TIMEOUT
+        _warned_timeouts.add(text)
         logger.warning("atom-compile: ATOM_COMPILE_REMOTE_TIMEOUT=%r is not a number of seconds in (0, 600]; "
                        "using %.0f s", text, DEFAULT_REMOTE_TIMEOUT)
         return DEFAULT_REMOTE_TIMEOUT
