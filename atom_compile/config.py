@@ -107,6 +107,9 @@ class CompilationConfig:
     inductor_compile_config: dict = field(default_factory=dict)
     debug_dump_path: str = ""
     cache_dir: str = ""
+    # The remote tier's URL (redis://host:port/db or an fsspec URL); "" reads
+    # ATOM_COMPILE_REMOTE_CACHE. Never part of the hash: machines with and without it share keys.
+    remote_cache: str = ""
     compiler: str = "auto"
     # Strict mode: a compile at run time is an error (CacheRequired), as ATOM_COMPILE_REQUIRE_CACHE=1.
     # Changes no compiled code, so never part of the hash.
@@ -154,6 +157,9 @@ class CompilationConfig:
         for name in ("debug_dump_path", "cache_dir"):
             if not isinstance(getattr(self, name), str):
                 raise ConfigError(f"CompilationConfig.{name}", getattr(self, name), "a path string")
+        if not isinstance(self.remote_cache, str) or (self.remote_cache and "://" not in self.remote_cache):
+            raise ConfigError("CompilationConfig.remote_cache", self.remote_cache,
+                              "'' or a URL: redis://host:port/db, rediss://..., or an fsspec URL (file://, s3://, ...)")
         if self.compiler not in COMPILERS:
             raise ConfigError("CompilationConfig.compiler", self.compiler, " | ".join(COMPILERS))
         if not self.use_inductor and self.compiler in ("inductor_standalone", "inductor"):

@@ -28,7 +28,7 @@ import torch
 
 from . import envs
 from .backends import aot, strict
-from .backends.atom_backend import AtomBackend
+from .backends.atom_backend import AtomBackend, remote_tier
 from .config import CompilationConfig, CompilationLevel, Config, as_compilation_config
 from .counters import compilation_counter
 from .errors import AtomTypeError, AtomValueError, BufferMutationError, RecompileError
@@ -205,7 +205,7 @@ class CompiledDispatcher:
         if aot.supported() and compiler_factors is not None:
             required = cc.require_cache or self._atom_env.require_cache
             fn, missed = aot.try_load(cc, compiler_factors, device_type, prefix, self, args, f_globals,
-                                      self._atom_env.cache_root, required)
+                                      self._atom_env.cache_root, required, remote_tier(cc, self._atom_env))
             if fn is not None:
                 _check_code(fn.__code__, cls)
                 return self._atom_start_dispatch(fn, args, kwargs)

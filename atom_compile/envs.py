@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 _TRUE = ("1", "true", "yes", "on")
@@ -107,6 +107,45 @@ def cache_root(cache_dir: str = "") -> Path:
     return xdg_cache_home() / "atom"
 
 
+def remote_cache() -> str | None:
+    """ATOM_COMPILE_REMOTE_CACHE: the remote tier's URL (redis://host:port/db or an fsspec URL);
+    CompilationConfig.remote_cache wins when set."""
+    return os.environ.get("ATOM_COMPILE_REMOTE_CACHE", "").strip() or None
+
+
+def remote_key() -> str | None:
+    """ATOM_COMPILE_REMOTE_KEY: the secret that signs and verifies remote entries."""
+    return os.environ.get("ATOM_COMPILE_REMOTE_KEY") or None
+
+
+def remote_key_file() -> str | None:
+    """ATOM_COMPILE_REMOTE_KEY_FILE: a private file (0600, the user's) holding that secret."""
+    return os.environ.get("ATOM_COMPILE_REMOTE_KEY_FILE") or None
+
+
+DEFAULT_REMOTE_TIMEOUT = 2.0
+_warned_timeouts: set[str] = set()
+
+
+def remote_timeout() -> float:
+    """ATOM_COMPILE_REMOTE_TIMEOUT: seconds one remote operation may take (default 2)."""
+    text = os.environ.get("ATOM_COMPILE_REMOTE_TIMEOUT", "").strip()
+    if not text:
+        return DEFAULT_REMOTE_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 600:
+        if text in _warned_timeouts:
+            return DEFAULT_REMOTE_TIMEOUT
+        _warned_timeouts.add(text)
+        logger.warning("atom-compile: ATOM_COMPILE_REMOTE_TIMEOUT=%r is not a number of seconds in (0, 600]; "
+                       "using %.0f s", text, DEFAULT_REMOTE_TIMEOUT)
+        return DEFAULT_REMOTE_TIMEOUT
+    return value
+
+
 @dataclass(frozen=True)
 class Environment:
     """The environment as one entry point read it. `cache_root` is None when the cache is
@@ -117,6 +156,10 @@ class Environment:
     compile_disabled: bool = False
     require_cache: bool = False
     peer_timeout: float = 600.0
+    remote_cache: str | None = None
+    remote_key: str | None = field(default=None, repr=False)
+    remote_key_file: str | None = None
+    remote_timeout: float = DEFAULT_REMOTE_TIMEOUT
 
     @property
     def cache_disabled(self) -> bool:
@@ -131,4 +174,8 @@ def read(cache_dir: str = "") -> Environment:
         compile_disabled=compile_disabled(),
         require_cache=require_cache(),
         peer_timeout=peer_timeout(),
+        remote_cache=remote_cache(),
+        remote_key=remote_key(),
+        remote_key_file=remote_key_file(),
+        remote_timeout=remote_timeout(),
     )

@@ -27,6 +27,8 @@ import torch
 
 from ..cache.keys import build_factors, compute_hash, diff_factors, module_fingerprint, sha256_bytes, sha256_file
 from ..cache import trust
+from ..cache.remote import RemoteTier
+from ..cache.remote_entrypoints import publish_entrypoint, pull_entrypoint
 from ..cache.store import FACTORS_FILE, HASH_RE, PieceCache, atomic_write, caches_dir, current_rank, damage
 from ..config import CompilationConfig
 from ..counters import compilation_counter
@@ -87,14 +89,17 @@ def _entry_path(root: Path, key: str) -> Path:
 
 def try_load(cc: CompilationConfig, compiler_factors: dict, device_type: str, prefix: str,
              model: torch.nn.Module, args: tuple, f_globals: dict, root: Optional[Path],
-             require_cache: bool = False) -> tuple[Optional[Callable], str]:
+             require_cache: bool = False, tier: Optional[RemoteTier] = None) -> tuple[Optional[Callable], str]:
     """The saved forward (a plain function taking `self` first), or None to trace instead, and
     why not (strict mode names it). `root` is the cache root the entry point resolved (None:
-    the cache is disabled)."""
+    the cache is disabled); `tier`, the remote tier asked when the entry point is not on local disk."""
     if root is None:
         return None, "the cache is disabled (ATOM_COMPILE_DISABLE_CACHE)"
     start = time.perf_counter()
-    path = _entry_path(root, entrypoint_key(cc, compiler_factors, device_type, model, args, prefix))
+    key = entrypoint_key(cc, compiler_factors, device_type, model, args, prefix)
+    path = _entry_path(root, key)
+    if tier is not None and not os.path.lexists(path):
+        pull_entrypoint(tier, root, key, path, current_rank())
     entry = _read_entry_point(root, path)
     if entry is None:
         return None, (f"no saved forward for this config, model and call signature ({path.name} under "
@@ -239,5 +244,7 @@ def save(compiled: Any, result: Any, cc: CompilationConfig, compiler_factors: di
     except OSError as exc:
         cache.write_failed(path, exc)
         return False
+    if result.remote is not None:
+        publish_entrypoint(result.remote, path.stem, json.dumps(entry, indent=1, sort_keys=True) + "\n")
     compilation_counter.num_dynamo_functions_saved += 1
     return True

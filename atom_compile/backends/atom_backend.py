@@ -21,6 +21,7 @@ import torch.fx as fx
 
 from .. import envs
 from ..cache import keys
+from ..cache.remote import RemoteTier, tier_for
 from ..cache.shared import SharedPieces
 from ..cache.store import PieceCache, current_rank
 from ..config import (
@@ -99,6 +100,7 @@ class CompileResult:
     split_gm: Optional[fx.GraphModule] = None
     items: list[SplitItem] = field(default_factory=list)
     copy_indices: Optional[list[int]] = None
+    remote: Optional[RemoteTier] = None
 
     def state(self, cc: CompilationConfig, prefix: str) -> dict:
         """What loading needs besides the graphs: the config, where the pieces are, the copies."""
@@ -222,8 +224,13 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], cc: Compilation
     )
     cache_hash = keys.compute_hash(factors)
     cache = open_cache(environment, cache_hash, prefix, factors)
+    tier = remote_tier(cc, environment) if cache is not None else None
+    if tier is not None and not os.path.lexists(cache.index_path):
+        tier.pull(cache)  # look-up order: local disk first, the remote only on a local miss
     shared = SharedPieces(cache, current_rank(), environment.peer_timeout) if cache is not None else None
     manager = CompilerManager(compiler, cache, cc.inductor_compile_config, shared)
+    if tier is not None:
+        manager.on_commit = lambda: tier.publish(cache)
     if cc.require_cache or environment.require_cache:
         manager.before_compile = _strict_check(environment, prefix, factors, cache_hash, cache, bool(manager.entries))
     _dump(cc, prefix, "traced_graph.py", gm.print_readable(print_output=False))
@@ -243,7 +250,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], cc: Compilation
         manager.compile_seconds, manager.load_seconds, f", cache {cache.path}" if cache is not None else ", no cache",
     )
     return CompileResult(fn, time.perf_counter() - start, traced_files, factors, cache_hash, cache, manager,
-                         split_gm, items, copy_indices)
+                         split_gm, items, copy_indices, tier)
 
 
 def _strict_check(environment: envs.Environment, prefix: str, factors: dict, cache_hash: str,
@@ -275,6 +282,12 @@ def open_cache(environment: envs.Environment, cache_hash: str, prefix: str, fact
     if cache is not None:
         cache.write_factors(factors)
     return cache
+
+
+def remote_tier(cc: CompilationConfig, environment: envs.Environment) -> Optional[RemoteTier]:
+    """The remote tier the config (else the environment) names, or None (off)."""
+    return tier_for(cc.remote_cache or environment.remote_cache, environment.remote_key,
+                    environment.remote_key_file, environment.remote_timeout)
 
 
 def compile_pieces(split_gm: fx.GraphModule, items: list[SplitItem], manager: CompilerManager,

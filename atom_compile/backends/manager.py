@@ -82,6 +82,7 @@ class CompilerManager:
         self._private_scratch: Optional[str] = None
         # called with (graph_index, runtime_shape) before a piece really compiles (strict mode raises)
         self.before_compile: Optional[Callable[[int, Optional[int]], None]] = None
+        self.on_commit: Optional[Callable[[], Any]] = None  # called after each index write (publishing)
 
     @property
     def can_write(self) -> bool:
@@ -384,5 +385,7 @@ class CompilerManager:
             if self.cache.commit(self._pending, self._remove, dynamo_function, scratch_used=self._scratch_used):
                 if dynamo_function is not None:
                     self.dynamo_function = dynamo_function
+                if self.on_commit is not None:
+                    self.on_commit()
             self._pending, self._remove = [], []
             self._scratch_used = False

@@ -20,7 +20,7 @@ from typing import Callable, NoReturn, Optional, Sequence
 
 from ..cache.inventory import InventoryError
 from ..config import ConfigError
-from . import archive_cmds, clear, explain, inspect, quiet, verify, warm
+from . import archive_cmds, clear, explain, inspect, quiet, remote_cmds, verify, warm
 from .common import CliError
 from .output import PROG
 from .warm_model import WarmError
@@ -56,6 +56,8 @@ _COMMANDS: list[tuple[str, str, str, Callable, Optional[Callable]]] = [
      archive_cmds.add_export_arguments),
     ("import", archive_cmds.IMPORT_HELP, archive_cmds.IMPORT_EPILOG, archive_cmds.run_import,
      archive_cmds.add_import_arguments),
+    ("push", remote_cmds.PUSH_HELP, remote_cmds.PUSH_EPILOG, remote_cmds.run_push, remote_cmds.add_arguments),
+    ("pull", remote_cmds.PULL_HELP, remote_cmds.PULL_EPILOG, remote_cmds.run_pull, remote_cmds.add_arguments),
 ]
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..cache import inventory as inv
 from ..cache.store import caches_dir
-from . import output as out
+from . import output as out, remote_cmds
 from .common import hash_text, resolve_root
 
 HELP = "list the caches, or show one in detail"
@@ -24,9 +24,13 @@ examples:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("hash", nargs="?", metavar="HASH", type=hash_text, help="show this cache in detail")
+    p.add_argument("--remote", action="store_true", help="list the remote cache's entries and their signatures")
+    remote_cmds.add_remote_option(p)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.remote:
+        return remote_cmds.run_remote_listing(args, objects=False)
     root = resolve_root(args)
     points = inv.entrypoints(root)
     if args.hash:

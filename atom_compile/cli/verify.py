@@ -7,7 +7,7 @@ import argparse
 from ..cache import inventory as inv
 from ..cache.store import caches_dir
 from ..cache.verify import verified_files, verify_cache
-from . import output as out
+from . import output as out, remote_cmds
 from .common import hash_text, resolve_root
 
 HELP = "check every artifact against its recorded sha256"
@@ -22,9 +22,15 @@ examples:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("hashes", nargs="*", metavar="HASH", type=hash_text, help="verify these caches (default: all)")
+    p.add_argument("--remote", action="store_true",
+                   help="verify the remote cache instead: each entry's signature and every object's sha256")
+    remote_cmds.add_remote_option(p)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.remote:
+        args.hash = args.hashes[0] if len(args.hashes) == 1 else None
+        return remote_cmds.run_remote_listing(args, objects=True)
     root = resolve_root(args)
     hashes = [inv.resolve_hash(root, h) for h in args.hashes] if args.hashes else inv.cache_hashes(root)
     results = [(info, verify_cache(info)) for info in (inv.read_cache(root, h) for h in hashes)]

@@ -42,6 +42,7 @@ CONFIG_FIELDS = {
     "debug_dump_path": ("/elsewhere/dump", False),
     "cache_dir": ("/elsewhere/cache", False),
     "require_cache": (True, False),
+    "remote_cache": ("file:///nonexistent/atom-remote", False),
 }
 NEVER_FACTORS = {"static_forward_context"}  # filled while a model is built; not a setting
 
@@ -53,6 +54,10 @@ PACKAGE_ENV = {
     "ATOM_COMPILE_CHECK_INPUTS": "a per-call check around the compiled code",
     "ATOM_COMPILE_LOG": "log level",
     "ATOM_COMPILE_REQUIRE_CACHE": "refuses to compile; changes nothing it loads",
+    "ATOM_COMPILE_REMOTE_CACHE": "where caches are fetched from and published to, not what they hold",
+    "ATOM_COMPILE_REMOTE_KEY": "the key that signs remote entries",
+    "ATOM_COMPILE_REMOTE_KEY_FILE": "the file that holds that key",
+    "ATOM_COMPILE_REMOTE_TIMEOUT": "how long a remote may take",
     "ATOM_COMPILE_PEER_TIMEOUT": "how long a rank waits for a peer compiling a shared piece",
     "ATOM_COMPILE_DISABLE_VLLM_PLUGIN": "whether vLLM's plugin hook registers anything",
     "ATOM_COMPILE_DISABLE_VLLM_PLUGIN_ATTENTION": "whether that hook registers our attention op",
