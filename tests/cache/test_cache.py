@@ -146,7 +146,8 @@ def test_damage_is_named_recompiled_correct_and_repaired(warmed, tmp_path, damag
     damaged = damage(root)
     report = run_job("--cache-root", str(root))
     assert str(damaged) in report["stderr"], report["stderr"][-2000:]
-    assert report["counters"]["num_inductor_compiles"] >= 1
+    # recompiled, or restored from the shared store's copy (<hash>/shared/, checked by its digest)
+    assert report["counters"]["num_inductor_compiles"] + report["counters"]["num_peer_pieces_loaded"] >= 1
     assert report["max_abs_err"] < TOL
     _assert_cache_sound(root)
     if damage is _damage_artifact_flip:  # and the repaired cache serves the next start whole
