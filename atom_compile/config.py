@@ -86,6 +86,27 @@ def _size_list(field_name: str, value: Any, allow_token: bool = False) -> list:
     return out
 
 
+def _range_list(field_name: str, value: Any) -> list[list[int]]:
+    """[[lo, hi), ...]: positive ints, lo < hi, sorted, no two ranges overlapping."""
+    allowed = "a list of [lo, hi) pairs of positive ints with lo < hi, not overlapping"
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise ConfigError(field_name, value, allowed)
+    out: list[list[int]] = []
+    for item in value:
+        if isinstance(item, (str, bytes)) or not isinstance(item, Iterable):
+            raise ConfigError(field_name, item, allowed)
+        pair = list(item)
+        if len(pair) != 2 or any(isinstance(x, bool) or not isinstance(x, int) or x <= 0 for x in pair) \
+                or pair[0] >= pair[1]:
+            raise ConfigError(field_name, item, allowed)
+        out.append(pair)
+    out.sort()
+    for a, b in zip(out, out[1:]):
+        if b[0] < a[1]:
+            raise ConfigError(field_name, b, f"{allowed} (overlaps {a})")
+    return out
+
+
 @dataclass
 class CompilationConfig:
     """What the compiler half needs: level, splitting ops, sizes, compiler and cache choices.
@@ -103,6 +124,9 @@ class CompilationConfig:
     cudagraph_copy_inputs: bool = False
     use_inductor: bool = True
     compile_sizes: list[Union[int, str]] | None = None
+    # vLLM's compile_ranges: [lo, hi) token-count ranges, one compiled piece per range (an exact
+    # compile size wins over a range). Enters the hash only when set.
+    compile_ranges: list[list[int]] | None = None
     inductor_compile_config: dict = field(default_factory=dict)
     debug_dump_path: str = ""
     cache_dir: str = ""
@@ -145,6 +169,8 @@ class CompilationConfig:
             self.compile_sizes = _size_list(
                 "CompilationConfig.compile_sizes", self.compile_sizes, allow_token=True
             )
+        if self.compile_ranges is not None:
+            self.compile_ranges = _range_list("CompilationConfig.compile_ranges", self.compile_ranges)
         if not isinstance(self.inductor_compile_config, dict):
             raise ConfigError(
                 "CompilationConfig.inductor_compile_config", self.inductor_compile_config,
@@ -190,15 +216,22 @@ class CompilationConfig:
         """Compile sizes as ints (the capture-size token is expanded by init_with_cudagraph_sizes)."""
         return sorted({s for s in (self.compile_sizes or []) if isinstance(s, int)})
 
+    def concrete_compile_ranges(self) -> list[tuple[int, int]]:
+        """compile_ranges as sorted (lo, hi) tuples; [] when unset."""
+        return [tuple(r) for r in (self.compile_ranges or [])]
+
     def hash_factors(self) -> dict[str, Any]:
         """The fields that change compiled code, in a JSON-able form (see cache/keys.py)."""
-        return {
+        factors = {
             "level": int(self.level),
             "splitting_ops": sorted(self.splitting_ops) if self.splitting_ops is not None else None,
             "compile_sizes": self.concrete_compile_sizes(),
             "compiler": self.resolved_compiler(),
             "inductor_compile_config": _jsonable(self.inductor_compile_config),
         }
+        if self.compile_ranges:  # only when set, so that keys made without ranges stay valid
+            factors["compile_ranges"] = [list(r) for r in self.concrete_compile_ranges()]
+        return factors
 
     def compute_hash(self) -> str:
         """A short digest of `hash_factors()`; equal configs give equal hashes across processes."""

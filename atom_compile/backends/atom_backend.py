@@ -288,7 +288,8 @@ def compile_pieces(split_gm: fx.GraphModule, items: list[SplitItem], manager: Co
         fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     with _progress(len(compile_names), f"compiling {prefix}") as step:
         PiecewiseCompileInterpreter(
-            split_gm, compile_names, manager, cc.concrete_compile_sizes(), fake_mode, step
+            split_gm, compile_names, manager, cc.concrete_compile_sizes(), fake_mode, step,
+            cc.concrete_compile_ranges(),
         ).run(*example_inputs)
     manager.flush()
 

@@ -174,6 +174,8 @@ def rebuild_from_cache(split_gm: fx.GraphModule, items: list[SplitItem], state: 
     if _load_strict.get():
         manager.before_compile = functools.partial(_refuse_size, state["prefix"], cache)
     compile_items = [item for item in items if not item.is_splitting_graph]
+    if cc.compile_ranges:  # range pieces are loaded while tracing (they need the fake inputs)
+        raise CacheMiss("compile ranges are loaded on the traced path")
     loaded = manager.load_general(len(compile_items), [item.graph for item in compile_items])
     if loaded is None:
         raise CacheMiss("a piece is missing from the cache")
