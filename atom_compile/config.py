@@ -19,6 +19,7 @@ from typing import Any, Iterable, Mapping, Union
 
 from .errors import AtomTypeError, ConfigError
 from .modes import CompilationLevel, CUDAGraphMode
+from .passes import check_pass, pass_factors
 
 __all__ = [
     "CAPTURE_SIZES_TOKEN", "COMPILERS", "DEFAULT_SPLITTING_OPS", "CompilationConfig", "CompilationLevel",
@@ -127,6 +128,9 @@ class CompilationConfig:
     # vLLM's compile_ranges: [lo, hi) token-count ranges, one compiled piece per range (an exact
     # compile size wins over a range). Enters the hash only when set.
     compile_ranges: list[list[int]] | None = None
+    # Inductor post-grad passes (callables over a torch.fx.Graph or "package.module:name"),
+    # run in order; each pass's uuid (default: its source hash) enters the hash when set.
+    inductor_passes: list = field(default_factory=list)
     inductor_compile_config: dict = field(default_factory=dict)
     debug_dump_path: str = ""
     cache_dir: str = ""
@@ -171,6 +175,9 @@ class CompilationConfig:
             )
         if self.compile_ranges is not None:
             self.compile_ranges = _range_list("CompilationConfig.compile_ranges", self.compile_ranges)
+        if isinstance(self.inductor_passes, (str, bytes)) or not isinstance(self.inductor_passes, Iterable):
+            raise ConfigError("CompilationConfig.inductor_passes", self.inductor_passes, "a list of passes")
+        self.inductor_passes = [check_pass(p) for p in self.inductor_passes]
         if not isinstance(self.inductor_compile_config, dict):
             raise ConfigError(
                 "CompilationConfig.inductor_compile_config", self.inductor_compile_config,
@@ -231,6 +238,8 @@ class CompilationConfig:
         }
         if self.compile_ranges:  # only when set, so that keys made without ranges stay valid
             factors["compile_ranges"] = [list(r) for r in self.concrete_compile_ranges()]
+        if self.inductor_passes:  # likewise
+            factors["inductor_passes"] = pass_factors(self.inductor_passes)
         return factors
 
     def compute_hash(self) -> str:

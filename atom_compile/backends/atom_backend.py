@@ -33,6 +33,7 @@ from ..counters import compilation_counter
 from ..errors import CacheMiss, GraphBreakError
 from . import compiled_function, floats, strict, unsupported
 from .inductor import make_compiler
+from .custom_passes import compiler_config
 from .manager import CompilerManager
 from .piecewise import PiecewiseCompileInterpreter
 from .split import SplitItem, split_graph
@@ -221,7 +222,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], cc: Compilation
     )
     cache_hash = keys.compute_hash(factors)
     cache = open_cache(environment, cache_hash, prefix, factors)
-    manager = CompilerManager(compiler, cache, cc.inductor_compile_config)
+    manager = CompilerManager(compiler, cache, compiler_config(cc))
     if cc.require_cache or environment.require_cache:
         manager.before_compile = _strict_check(environment, prefix, factors, cache_hash, cache, bool(manager.entries))
     _dump(cc, prefix, "traced_graph.py", gm.print_readable(print_output=False))
