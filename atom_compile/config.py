@@ -308,6 +308,14 @@ def _jsonable(value: Any) -> Any:
     return repr(value)
 
 
+def _check_budget(value: Any) -> None:
+    ok = value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0) \
+        or (isinstance(value, float) and 0.0 < value <= 1.0)
+    if not ok:
+        raise ConfigError("Config.cudagraph_memory_budget", value,
+                          "None, a positive int (bytes) or a float in (0, 1] (a fraction of free memory)")
+
+
 @dataclass
 class Config:
     """The runtime-facing config: batch limits, eager switch and the compilation config.
@@ -321,6 +329,9 @@ class Config:
     max_num_seqs: int = 512
     max_num_batched_tokens: int = 16384
     num_draft_tokens: int = 0
+    # capture within this much graph-pool memory: bytes (int) or a fraction of free memory
+    # (float in (0, 1]); the sizes that would not fit are skipped, named in one info line
+    cudagraph_memory_budget: Union[int, float, None] = None
     compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
     capture_sizes: list[int] | None = field(default=None, init=False)
 
@@ -331,6 +342,7 @@ class Config:
         if isinstance(self.num_draft_tokens, bool) or not isinstance(self.num_draft_tokens, int) \
                 or self.num_draft_tokens < 0:
             raise ConfigError("Config.num_draft_tokens", self.num_draft_tokens, "an int >= 0")
+        _check_budget(self.cudagraph_memory_budget)
         if not isinstance(self.compilation_config, CompilationConfig):
             self.compilation_config = CompilationConfig.from_dict(self.compilation_config)
         cc = self.compilation_config
