@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Union
 
 from .errors import AtomTypeError, ConfigError
+from .config_checks import CAPTURE_SIZES_TOKEN, _check_bool, _check_budget, _check_size, _jsonable, _range_list, _size_list
 from .host_config import HostConfig
 from .modes import CompilationLevel, CUDAGraphMode
+from .passes import check_pass, pass_factors
 
 __all__ = [
     "CAPTURE_SIZES_TOKEN", "COMPILERS", "DEFAULT_SPLITTING_OPS", "CompilationConfig", "CompilationLevel",
@@ -31,7 +33,6 @@ logger = logging.getLogger("atom_compile")
 
 DEFAULT_SPLITTING_OPS = ("aiter.unified_attention_with_output", "aiter.mla_attention")
 COMPILERS = ("auto", "inductor_standalone", "inductor", "eager")
-CAPTURE_SIZES_TOKEN = "cudagraph_capture_sizes"
 
 # `ns.op`, `ns::op` or `ns::op.overload`
 _OP_NAME = re.compile(r"^[A-Za-z_]\w*(::[A-Za-z_]\w*(\.[A-Za-z_]\w*)?|\.[A-Za-z_]\w*)$")
@@ -55,38 +56,6 @@ def default_capture_ladder(max_size: int) -> list[int]:
     return [i for i in range(1, 9) if i <= max_size] + list(range(16, max_size + 1, 16))
 
 
-def _check_size(field_name: str, value: Any, upper: int | None = None, upper_name: str = "") -> int:
-    allowed = "a positive int" + (f" <= {upper_name} ({upper})" if upper is not None else "")
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(field_name, value, allowed)
-    if upper is not None and value > upper:
-        raise ConfigError(field_name, value, allowed)
-    return value
-
-
-def _check_bool(field_name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(field_name, value, "True or False")
-    return value
-
-
-def _size_list(field_name: str, value: Any, allow_token: bool = False) -> list:
-    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-        extra = f" (and the string {CAPTURE_SIZES_TOKEN!r})" if allow_token else ""
-        raise ConfigError(field_name, value, f"a list of positive ints{extra}")
-    out: list = []
-    for item in value:
-        if allow_token and item == CAPTURE_SIZES_TOKEN:
-            out.append(item)
-            continue
-        if allow_token and isinstance(item, str):
-            raise ConfigError(
-                field_name, item, f"positive ints or the string {CAPTURE_SIZES_TOKEN!r}"
-            )
-        out.append(_check_size(field_name, item))
-    return out
-
-
 @dataclass
 class CompilationConfig:
     """What the compiler half needs: level, splitting ops, sizes, compiler and cache choices.
@@ -104,6 +73,12 @@ class CompilationConfig:
     cudagraph_copy_inputs: bool = False
     use_inductor: bool = True
     compile_sizes: list[Union[int, str]] | None = None
+    # vLLM's compile_ranges: [lo, hi) token-count ranges, one compiled piece per range (an exact
+    # compile size wins over a range). Enters the hash only when set.
+    compile_ranges: list[list[int]] | None = None
+    # Inductor post-grad passes (callables over a torch.fx.Graph or "package.module:name"),
+    # run in order; each pass's uuid (default: its source hash) enters the hash when set.
+    inductor_passes: list = field(default_factory=list)
     inductor_compile_config: dict = field(default_factory=dict)
     debug_dump_path: str = ""
     cache_dir: str = ""
@@ -149,6 +124,11 @@ class CompilationConfig:
             self.compile_sizes = _size_list(
                 "CompilationConfig.compile_sizes", self.compile_sizes, allow_token=True
             )
+        if self.compile_ranges is not None:
+            self.compile_ranges = _range_list("CompilationConfig.compile_ranges", self.compile_ranges)
+        if isinstance(self.inductor_passes, (str, bytes)) or not isinstance(self.inductor_passes, Iterable):
+            raise ConfigError("CompilationConfig.inductor_passes", self.inductor_passes, "a list of passes")
+        self.inductor_passes = [check_pass(p) for p in self.inductor_passes]
         if not isinstance(self.inductor_compile_config, dict):
             raise ConfigError(
                 "CompilationConfig.inductor_compile_config", self.inductor_compile_config,
@@ -197,15 +177,24 @@ class CompilationConfig:
         """Compile sizes as ints (the capture-size token is expanded by init_with_cudagraph_sizes)."""
         return sorted({s for s in (self.compile_sizes or []) if isinstance(s, int)})
 
+    def concrete_compile_ranges(self) -> list[tuple[int, int]]:
+        """compile_ranges as sorted (lo, hi) tuples; [] when unset."""
+        return [tuple(r) for r in (self.compile_ranges or [])]
+
     def hash_factors(self) -> dict[str, Any]:
         """The fields that change compiled code, in a JSON-able form (see cache/keys.py)."""
-        return {
+        factors = {
             "level": int(self.level),
             "splitting_ops": sorted(self.splitting_ops) if self.splitting_ops is not None else None,
             "compile_sizes": self.concrete_compile_sizes(),
             "compiler": self.resolved_compiler(),
             "inductor_compile_config": _jsonable(self.inductor_compile_config),
         }
+        if self.compile_ranges:  # only when set, so that keys made without ranges stay valid
+            factors["compile_ranges"] = [list(r) for r in self.concrete_compile_ranges()]
+        if self.inductor_passes:  # likewise
+            factors["inductor_passes"] = pass_factors(self.inductor_passes)
+        return factors
 
     def compute_hash(self) -> str:
         """A short digest of `hash_factors()`; equal configs give equal hashes across processes."""
@@ -263,16 +252,6 @@ class CompilationConfig:
         return out
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return repr(value)
-
-
 @dataclass
 class Config:
     """The runtime-facing config: batch limits, eager switch and the compilation config.
@@ -286,6 +265,9 @@ class Config:
     max_num_seqs: int = 512
     max_num_batched_tokens: int = 16384
     num_draft_tokens: int = 0
+    # capture within this much graph-pool memory: bytes (int) or a fraction of free memory
+    # (float in (0, 1]); the sizes that would not fit are skipped, named in one info line
+    cudagraph_memory_budget: Union[int, float, None] = None
     compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
     # host mode (README "Inside vLLM"): the host's settings; our CUDA graphs off, compile ours
     host: HostConfig | None = None
@@ -300,6 +282,7 @@ class Config:
         if isinstance(self.num_draft_tokens, bool) or not isinstance(self.num_draft_tokens, int) \
                 or self.num_draft_tokens < 0:
             raise ConfigError("Config.num_draft_tokens", self.num_draft_tokens, "an int >= 0")
+        _check_budget(self.cudagraph_memory_budget)
         if not isinstance(self.compilation_config, CompilationConfig):
             self.compilation_config = CompilationConfig.from_dict(self.compilation_config)
         cc = self.compilation_config

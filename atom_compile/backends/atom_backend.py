@@ -35,6 +35,7 @@ from ..counters import compilation_counter
 from ..errors import CacheMiss, GraphBreakError
 from . import compiled_function, floats, strict, unsupported
 from .inductor import make_compiler
+from .custom_passes import compiler_config
 from .manager import CompilerManager
 from .piecewise import PiecewiseCompileInterpreter
 from .split import SplitItem, split_graph
@@ -228,7 +229,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], cc: Compilation
     if tier is not None and not os.path.lexists(cache.index_path):
         tier.pull(cache)  # look-up order: local disk first, the remote only on a local miss
     shared = SharedPieces(cache, current_rank(), environment.peer_timeout) if cache is not None else None
-    manager = CompilerManager(compiler, cache, cc.inductor_compile_config, shared)
+    manager = CompilerManager(compiler, cache, compiler_config(cc), shared)
     if tier is not None:
         manager.on_commit = lambda: tier.publish(cache)
     if cc.require_cache or environment.require_cache:
@@ -303,7 +304,8 @@ def compile_pieces(split_gm: fx.GraphModule, items: list[SplitItem], manager: Co
         fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     with _progress(len(compile_names), f"compiling {prefix}") as step:
         PiecewiseCompileInterpreter(
-            split_gm, compile_names, manager, cc.concrete_compile_sizes(), fake_mode, step
+            split_gm, compile_names, manager, cc.concrete_compile_sizes(), fake_mode, step,
+            cc.concrete_compile_ranges(),
         ).run(*example_inputs)
     manager.flush()
 

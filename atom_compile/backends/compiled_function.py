@@ -24,6 +24,7 @@ from ..config import CompilationConfig
 from ..counters import compilation_counter
 from ..errors import AtomRuntimeError, CacheMiss
 from .inductor import make_compiler
+from .custom_passes import compiler_config
 from .manager import CompilerManager
 from . import strict
 from .piecewise import PiecewiseBackend, install
@@ -170,10 +171,12 @@ def rebuild_from_cache(split_gm: fx.GraphModule, items: list[SplitItem], state: 
     cache = PieceCache.open(root, state["cache_hash"], current_rank(), state["prefix"])
     if cache is None:
         raise CacheMiss("the cache directory is not usable")
-    manager = CompilerManager(compiler, cache, cc.inductor_compile_config)
+    manager = CompilerManager(compiler, cache, compiler_config(cc))
     if _load_strict.get():
         manager.before_compile = functools.partial(_refuse_size, state["prefix"], cache)
     compile_items = [item for item in items if not item.is_splitting_graph]
+    if cc.compile_ranges:  # range pieces are loaded while tracing (they need the fake inputs)
+        raise CacheMiss("compile ranges are loaded on the traced path")
     loaded = manager.load_general(len(compile_items), [item.graph for item in compile_items])
     if loaded is None:
         raise CacheMiss("a piece is missing from the cache")

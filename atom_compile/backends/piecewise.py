@@ -12,6 +12,7 @@ from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from .manager import CompilerManager
+from .ranges import compile_ranges, find_range
 
 logger = logging.getLogger("atom_compile")
 
@@ -56,6 +57,7 @@ class PiecewiseBackend:
         locator: Optional[list[int]],
         compile_sizes: list[int],
         manager: CompilerManager,
+        range_pieces: Optional[dict[tuple[int, int], Callable]] = None,
     ):
         self.graph = graph
         self.graph_index = graph_index
@@ -65,14 +67,24 @@ class PiecewiseBackend:
         self.concrete_size_entries = (
             {size: ConcreteSizeEntry(size) for size in compile_sizes} if locator is not None else {}
         )
+        # compile ranges (see ranges.py): sorted (lo, hi) -> the range's compiled piece
+        self.range_pieces = dict(sorted((range_pieces or {}).items()))
+        self._ranges = list(self.range_pieces)
+
+    @property
+    def dispatches(self) -> bool:
+        """Whether a call must look at its size (else the general piece serves every call)."""
+        return bool(self.concrete_size_entries or self.range_pieces)
 
     def __call__(self, *args: Any) -> Any:
-        entries = self.concrete_size_entries
-        if not entries:
+        if not self.dispatches:
             return self.compiled_graph_for_general_shape(*args)
         size = read_runtime_shape(args, self.locator)
-        entry = entries.get(size)
+        entry = self.concrete_size_entries.get(size)
         if entry is None:
+            span = find_range(self._ranges, size) if self._ranges else None
+            if span is not None:
+                return self.range_pieces[span](*args)
             return self.compiled_graph_for_general_shape(*args)
         if entry.runnable is None:
             if _capturing(args):
@@ -108,7 +120,7 @@ def install(split_gm: fx.GraphModule, name: str, backend: PiecewiseBackend) -> N
     """Put the compiled piece where the stitching module calls `self.<name>(...)`: an instance
     attribute wins over `_modules`. Without per-size entries the general callable goes in
     directly, one Python frame less per piece and step."""
-    split_gm.__dict__[name] = backend if backend.concrete_size_entries else backend.compiled_graph_for_general_shape
+    split_gm.__dict__[name] = backend if backend.dispatches else backend.compiled_graph_for_general_shape
 
 
 class PiecewiseCompileInterpreter(torch.fx.Interpreter):
@@ -126,6 +138,7 @@ class PiecewiseCompileInterpreter(torch.fx.Interpreter):
         compile_sizes: list[int],
         fake_mode: FakeTensorMode,
         progress: Optional[Callable[[], None]] = None,
+        ranges: Optional[list[tuple[int, int]]] = None,
     ):
         super().__init__(split_gm)
         self.compile_names = compile_names
@@ -133,6 +146,7 @@ class PiecewiseCompileInterpreter(torch.fx.Interpreter):
         self.compile_sizes = compile_sizes
         self.fake_mode = fake_mode
         self.progress = progress
+        self.ranges = ranges or []
         self.backends: dict[str, PiecewiseBackend] = {}
 
     def run(self, *args: Any) -> Any:
@@ -156,7 +170,8 @@ class PiecewiseCompileInterpreter(torch.fx.Interpreter):
             _stamp_outputs(submod, output)
         locator = shape_locator(list(args))
         general = self.manager.compile(submod, list(args), index, None, locator)
-        backend = PiecewiseBackend(submod, index, general, locator, self.compile_sizes, self.manager)
+        by_range = compile_ranges(self.manager, submod, list(args), index, self.ranges, locator)
+        backend = PiecewiseBackend(submod, index, general, locator, self.compile_sizes, self.manager, by_range)
         self.backends[target] = backend
         install(self.module, target, backend)
         if self.progress is not None:

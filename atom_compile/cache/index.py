@@ -31,6 +31,8 @@ INDEX_FORMAT = "atom-compile-index"
 INDEX_VERSION = 1
 SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 _MANIFEST_NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
+# a compile range [lo, hi) stored as runtime_shape "lo-hi"
+_RANGE_SHAPE = re.compile(r"^[1-9][0-9]*-[1-9][0-9]*$")
 
 
 def check_rel_path(rel: Any) -> str:
@@ -62,6 +64,8 @@ def _check_entry(raw: Any) -> dict:
     if not isinstance(raw, dict):
         raise IndexInvalid("an entry is not an object")
     shape = raw.get("runtime_shape")
+    if isinstance(shape, str) and _RANGE_SHAPE.match(shape):
+        shape = None  # a compile range, "lo-hi"
     if shape is not None and (isinstance(shape, bool) or not isinstance(shape, int) or shape <= 0):
         raise IndexInvalid(f"bad runtime_shape {shape!r}")
     index = raw.get("graph_index")
@@ -138,6 +142,14 @@ def parse_index(text: str) -> dict:
     return data
 
 
+def _entry_order(entry: dict) -> tuple:
+    """graph_index, then general, sizes and ranges ("lo-hi", after the sizes) in order."""
+    shape = entry.get("runtime_shape")
+    if isinstance(shape, str):
+        return (entry["graph_index"], 1, int(shape.split("-")[0]))
+    return (entry["graph_index"], 0, shape or 0)
+
+
 def new_document(current: dict, entries: list[dict], dynamo_function: Any, manifest: Any,
                  torch_version: Any, now: float) -> dict:
     """The next index document: `entries` (already merged), the rest carried over from `current`."""
@@ -147,7 +159,7 @@ def new_document(current: dict, entries: list[dict], dynamo_function: Any, manif
         "atom_compile_version": __version__,
         "created": current.get("created", now),
         "updated": now,
-        "entries": sorted(entries, key=lambda e: (e["graph_index"], e.get("runtime_shape") or 0)),
+        "entries": sorted(entries, key=_entry_order),
         "dynamo_function": dynamo_function if dynamo_function is not None else current.get("dynamo_function"),
         "inductor_files": manifest if manifest is not None else current.get("inductor_files") or {},
         "torch_version": torch_version or current.get("torch_version"),

@@ -104,6 +104,7 @@ def factor_summary(factors: Optional[dict]) -> str:
         f"level {cfg.get('level', '?')}",
         str(env.get("compiler") or cfg.get("compiler") or "?"),
         f"compile sizes {cfg.get('compile_sizes') or []}",
+        *([f"compile ranges {cfg['compile_ranges']}"] if cfg.get("compile_ranges") else []),
         device or "device ?",
         plural(len(((factors.get("code") or {}).get("files") or {})), "source file"),
         plural(len(factors.get("custom_ops") or {}), "custom op"),

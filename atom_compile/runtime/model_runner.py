@@ -24,6 +24,7 @@ from ..config import Config, CUDAGraphMode
 from ..errors import AtomTypeError, AtomValueError
 from ..forward_context import get_forward_context, set_forward_context
 from .buckets import pad_to_bucket, request_bucket
+from .capture_budget import budget_bytes, capture_within_budget
 from .graphs import ReqGraph, TokenGraph, graph_pool_bytes, token_graph_of
 from .runtime_config import RuntimeConfig
 
@@ -111,14 +112,34 @@ class ModelRunner:
         show = _rank0() and sys.stderr.isatty()
         from tqdm import tqdm
 
-        for bs in tqdm(sizes, desc="atom-compile: capturing", disable=not show, leave=False):
-            self._capture_one(bs)
+        bar = tqdm(total=len(sizes), desc="atom-compile: capturing", disable=not show, leave=False)
+        sizes = self._capture_sizes(sizes, bar)
+        bar.close()
         torch.cuda.synchronize()
         self.graphed_sizes = sorted(sizes)
         elapsed = time.perf_counter() - start
         logger.info("atom-compile: captured %d sizes (%s) in %.2fs; the graph pool holds %.1f MiB",
                     len(sizes), self.mode.name, elapsed, graph_pool_bytes() / 2**20)
         return elapsed, list(self.graphed_sizes)
+
+    def _capture_sizes(self, sizes: list[int], bar: Any) -> list[int]:
+        """Record `sizes` (descending), within cudagraph_memory_budget when set; the recorded."""
+        def one(bs: int) -> None:
+            self._capture_one(bs)
+            bar.update(1)
+
+        budget = self.config.cudagraph_memory_budget
+        if budget is None:
+            for bs in sizes:
+                one(bs)
+            return sizes
+        limit = budget_bytes(budget, torch.cuda.mem_get_info()[0])
+        recorded, skipped = capture_within_budget(sizes, one, graph_pool_bytes, limit)
+        if skipped:
+            logger.info("atom-compile: cudagraph_memory_budget (%.1f MiB) reached at %.1f MiB: skipped "
+                        "capture sizes %s (they run on the next larger graph, or eagerly)",
+                        limit / 2**20, graph_pool_bytes() / 2**20, sorted(skipped))
+        return recorded
 
     def _capture_one(self, bs: int) -> None:
         q = self.max_q_len

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Union
 
 from ..config import Config
 from ..modes import CUDAGraphMode
@@ -23,6 +23,7 @@ class RuntimeConfig:
     max_q_len: int = 1
     cudagraph_mode: CUDAGraphMode = CUDAGraphMode.NONE
     enforce_eager: bool = False
+    cudagraph_memory_budget: Union[int, float, None] = None
     no_compile_layers: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -34,6 +35,7 @@ class RuntimeConfig:
             max_q_len=cfg.max_q_len,
             cudagraph_mode=cc.cudagraph_mode if cc.cudagraph_mode is not None else CUDAGraphMode.NONE,
             enforce_eager=cfg.enforce_eager,
+            cudagraph_memory_budget=cfg.cudagraph_memory_budget,
             # the same dict, not a copy: layers built after the runner still register in it
             no_compile_layers=cc.static_forward_context,
         )

@@ -43,7 +43,13 @@ CONFIG_FIELDS = {
     "cache_dir": ("/elsewhere/cache", False),
     "require_cache": (True, False),
     "remote_cache": ("file:///nonexistent/atom-remote", False),
+    "compile_ranges": ([[2, 8]], True),
+    "inductor_passes": (["tests.cache.test_key_completeness:_noop_pass"], True),
 }
+def _noop_pass(graph) -> None:
+    """An Inductor post-grad pass that changes nothing: its source still enters the key."""
+
+
 NEVER_FACTORS = {"static_forward_context"}  # filled while a model is built; not a setting
 
 # environment variables the package reads -> why none of them changes compiled code

@@ -1,0 +1,48 @@
+"""CompilationConfig.inductor_passes as Inductor's post_grad_custom_post_pass.
+
+Inductor runs one `post_grad_custom_post_pass` on the post-grad graph; `PostGradPasses` is a
+`CustomGraphPass` that runs the configured passes in order. Its uuid() (the passes' uuids, see
+passes.py) lets Inductor's own FX graph cache key on it, and its repr is that uuid, so the
+content key of a piece (which hashes the compiler config's reprs) changes with a pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Callable
+
+import torch.fx as fx
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from ..config import CompilationConfig
+from ..passes import pass_factors, resolve_pass
+
+POST_PASS_KEY = "post_grad_custom_post_pass"
+
+
+class PostGradPasses(CustomGraphPass):
+    """The configured passes, in order, as one Inductor post-grad pass."""
+
+    def __init__(self, specs: list) -> None:
+        self.passes: list[Callable] = [resolve_pass(s) for s in specs]
+        blob = json.dumps(pass_factors(specs), sort_keys=True).encode()
+        self._uuid = hashlib.sha256(blob).hexdigest()[:32]
+
+    def __call__(self, graph: fx.Graph) -> None:
+        for fn in self.passes:
+            fn(graph)
+
+    def uuid(self) -> str:
+        return self._uuid
+
+    def __repr__(self) -> str:
+        return f"PostGradPasses({self._uuid})"
+
+
+def compiler_config(cc: CompilationConfig) -> dict[str, Any]:
+    """The Inductor options a piece compiles with: inductor_compile_config plus the passes."""
+    out = dict(cc.inductor_compile_config)
+    if cc.inductor_passes:
+        out[POST_PASS_KEY] = PostGradPasses(cc.inductor_passes)
+    return out

@@ -1,0 +1,81 @@
+"""Validation of config values: each bad value is a ConfigError naming the field, the value
+and what is allowed (config.py's dataclasses call these in __post_init__)."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from .errors import ConfigError
+
+CAPTURE_SIZES_TOKEN = "cudagraph_capture_sizes"
+
+
+def _check_size(field_name: str, value: Any, upper: int | None = None, upper_name: str = "") -> int:
+    allowed = "a positive int" + (f" <= {upper_name} ({upper})" if upper is not None else "")
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(field_name, value, allowed)
+    if upper is not None and value > upper:
+        raise ConfigError(field_name, value, allowed)
+    return value
+
+
+def _check_bool(field_name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(field_name, value, "True or False")
+    return value
+
+
+def _size_list(field_name: str, value: Any, allow_token: bool = False) -> list:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        extra = f" (and the string {CAPTURE_SIZES_TOKEN!r})" if allow_token else ""
+        raise ConfigError(field_name, value, f"a list of positive ints{extra}")
+    out: list = []
+    for item in value:
+        if allow_token and item == CAPTURE_SIZES_TOKEN:
+            out.append(item)
+            continue
+        if allow_token and isinstance(item, str):
+            raise ConfigError(
+                field_name, item, f"positive ints or the string {CAPTURE_SIZES_TOKEN!r}"
+            )
+        out.append(_check_size(field_name, item))
+    return out
+
+
+def _range_list(field_name: str, value: Any) -> list[list[int]]:
+    """[[lo, hi), ...]: positive ints, lo < hi, sorted, no two ranges overlapping."""
+    allowed = "a list of [lo, hi) pairs of positive ints with lo < hi, not overlapping"
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise ConfigError(field_name, value, allowed)
+    out: list[list[int]] = []
+    for item in value:
+        if isinstance(item, (str, bytes)) or not isinstance(item, Iterable):
+            raise ConfigError(field_name, item, allowed)
+        pair = list(item)
+        if len(pair) != 2 or any(isinstance(x, bool) or not isinstance(x, int) or x <= 0 for x in pair) \
+                or pair[0] >= pair[1]:
+            raise ConfigError(field_name, item, allowed)
+        out.append(pair)
+    out.sort()
+    for a, b in zip(out, out[1:]):
+        if b[0] < a[1]:
+            raise ConfigError(field_name, b, f"{allowed} (overlaps {a})")
+    return out
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return repr(value)
+
+
+def _check_budget(value: Any) -> None:
+    ok = value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0) \
+        or (isinstance(value, float) and 0.0 < value <= 1.0)
+    if not ok:
+        raise ConfigError("Config.cudagraph_memory_budget", value,
+                          "None, a positive int (bytes) or a float in (0, 1] (a fraction of free memory)")
