@@ -50,7 +50,7 @@ def test_a_tight_budget_skips_the_small_sizes_and_names_them(caplog):
     lines = [r.getMessage() for r in caplog.records if "cudagraph_memory_budget" in r.getMessage()]
     assert len(lines) == 1 and str(sorted(SIZES)[:-1]) in lines[0], lines
     # a 3-sequence decode pads to the next larger recorded graph
-    steps = [SequenceStep([5], 0, [i]) for i in range(3)]
+    steps = [SequenceStep([5], 3, [i]) for i in range(3)]  # decode: one token at position 3
     assert runner.padding_for(steps)[0] == max(SIZES)
 
 
