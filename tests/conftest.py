@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import tempfile
@@ -40,14 +41,19 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _isolated(tmp_path, monkeypatch):
-    """Every test gets its own cache root and a fresh Dynamo."""
+    """Every test gets its own cache root, a fresh Dynamo and the `atom_compile` logger as it
+    found it (the CLI's main(), run in-process, gives that logger its own stderr handler and
+    stops propagation: later tests' caplog would see nothing)."""
     root = tmp_path / "atom-cache"
     monkeypatch.setenv("ATOM_COMPILE_CACHE_ROOT", str(root))
     monkeypatch.delenv("ATOM_COMPILE_DISABLE_CACHE", raising=False)
     monkeypatch.delenv("ATOM_COMPILE_DISABLE", raising=False)
+    logger = logging.getLogger("atom_compile")
+    saved = (list(logger.handlers), logger.propagate, logger.level)
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
+    logger.handlers[:], logger.propagate, logger.level = saved[0], saved[1], saved[2]
 
 
 @pytest.fixture
