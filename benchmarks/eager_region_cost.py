@@ -25,7 +25,7 @@ import time
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from decode import build, decode_steps  # noqa: E402
+from decode import build, decode_steps, median_step  # noqa: E402
 
 
 def host_us(fn, calls: int) -> float:
@@ -41,19 +41,6 @@ def host_us(fn, calls: int) -> float:
         samples.append((time.perf_counter() - t) / calls * 1e6)
         torch.cuda.synchronize()
     return statistics.median(samples)
-
-
-def step_ms(fn, steps: int) -> float:
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
 
 
 def runner_for(mode: str, batch: int, context: int, ladder: bool):
@@ -113,7 +100,7 @@ def main() -> None:
     for mode in ("FULL", "TR_HYBRID"):
         runner, model, inputs, scope = runner_for(mode, args.batch, args.context, args.ladder)
         with scope, torch.inference_mode():
-            results[mode] = step_ms(lambda: runner.run_model(inputs), args.steps)
+            results[mode] = median_step(lambda: runner.run_model(inputs), args.steps) * 1e3
             results[mode + " host"] = host_us(lambda: runner.run_model(inputs), 50) / 1e3
             if mode == "TR_HYBRID":
                 for k, v in parts(model, args.batch).items():

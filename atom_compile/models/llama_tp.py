@@ -22,7 +22,7 @@ from torch import nn
 from ..decorators import get_current_config, support_torch_compile
 from ..errors import AtomValueError
 from ..runtime.graphs import token_graph
-from .llama import LlamaConfig, LlamaForCausalLM, RMSNorm, RotaryEmbedding
+from .llama import Attention, LlamaConfig, LlamaForCausalLM, RMSNorm, RotaryEmbedding
 
 
 def _split(n: int, world: int, what: str) -> int:
@@ -63,9 +63,12 @@ class RowParallelLinear(nn.Module):
         return funcol.all_reduce(nn.functional.linear(x, self.weight), "sum", self.group)
 
 
-class TPAttention(nn.Module):
+class TPAttention(Attention):
+    """Llama's attention with this rank's heads: column-parallel qkv, row-parallel o (the
+    forward is Attention's, over the local head counts)."""
+
     def __init__(self, cfg: LlamaConfig, world: int, layer_name: str, rotary: RotaryEmbedding, group: Any):
-        super().__init__()
+        nn.Module.__init__(self)  # not Attention's: it would build the full-size projections
         self.num_heads = _split(cfg.num_heads, world, "num_heads")
         self.num_kv_heads = _split(cfg.num_kv_heads, world, "num_kv_heads")
         self.head_dim = cfg.head_dim
@@ -76,17 +79,6 @@ class TPAttention(nn.Module):
         self.layer_name = layer_name
         self.__dict__["rotary"] = rotary
         self.kv_cache: Optional[torch.Tensor] = None
-
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        q, k, v = self.qkv_proj(hidden).split([q_size, kv_size, kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(positions, q, k)
-        out = torch.empty_like(q)
-        torch.ops.aiter.unified_attention_with_output(q, k, v, out, self.layer_name)
-        return self.o_proj(out.view(-1, q_size))
 
 
 class TPMLP(nn.Module):
