@@ -33,6 +33,7 @@ class RegisteredOp:
     fake_impl: Optional[Callable]
     splitting: bool
     eager_region: bool
+    bind_region: Optional[Callable] = None
 
     def source_digest_material(self) -> str:
         """Source of the implementation and fake, for the cache key (Inductor's key names an op
@@ -73,11 +74,11 @@ def _strip_name(schema: str) -> str:
     return schema[schema.index("(") :] if "(" in schema else schema
 
 
-def _with_eager_region(qualname: str, op_func: Callable) -> Callable:
+def _with_eager_region(qualname: str, op_func: Callable, bind_region: Optional[Callable]) -> Callable:
     def impl(*args: Any, **kwargs: Any) -> Any:
         recorder = get_forward_context().region_recorder
         if recorder is not None:
-            return recorder.eager_region(op_func, args, kwargs, name=qualname)
+            return recorder.eager_region(op_func, args, kwargs, name=qualname, bind=bind_region)
         return op_func(*args, **kwargs)
 
     impl.__name__ = getattr(op_func, "__name__", "eager_region")
@@ -114,12 +115,17 @@ def direct_register_custom_op(
     tags: tuple = (),
     splitting: bool = False,
     eager_region: bool = False,
+    bind_region: Optional[Callable] = None,
 ) -> Any:
     """Register `op_func` as `torch.ops.<ns>.<op_name>` and return the op packet.
 
     The schema is inferred from `op_func`'s annotations. `splitting=True` makes the op a
     piecewise split point wherever it appears; `eager_region=True` makes it a break in token
     graphs (it runs for real between recorded segments, reading the live forward context).
+    `bind_region(*args, **kwargs)`, for an eager region, is called once when a token graph records
+    it (after the op ran), on the recording's tensors; it may return a zero-argument callable that
+    replays the op on them with less host work (checking itself that what it bound is still what
+    the op would read, else running the op), or None. It may run the op again.
     Registering the same op again is a no-op (its marks are updated); a different schema under
     an existing name is a ValueError.
     """
@@ -147,19 +153,19 @@ def direct_register_custom_op(
             return None
 
     lib.define(op_name + schema, tags=tuple(tags))
-    kernel = _with_eager_region(qualname, op_func) if eager_region else op_func
-    if dispatch_key is None:
-        keys: Iterable[str] = DEFAULT_DISPATCH_KEYS
-    elif isinstance(dispatch_key, str):
-        keys = (dispatch_key,)
-    else:
-        keys = tuple(dispatch_key)
-    for key in keys:
+    kernel = _with_eager_region(qualname, op_func, bind_region) if eager_region else op_func
+    for key in _dispatch_keys(dispatch_key):
         lib.impl(op_name, kernel, key)
     lib._register_fake(op_name, fake_impl)
-    _registered[qualname] = RegisteredOp(qualname, schema, op_func, fake_impl, splitting, eager_region)
+    _registered[qualname] = RegisteredOp(qualname, schema, op_func, fake_impl, splitting, eager_region, bind_region)
     _mark(qualname, splitting, eager_region)
     return getattr(getattr(torch.ops, namespace), op_name)
+
+
+def _dispatch_keys(dispatch_key: Optional[str | Iterable[str]]) -> tuple[str, ...]:
+    if dispatch_key is None:
+        return tuple(DEFAULT_DISPATCH_KEYS)
+    return (dispatch_key,) if isinstance(dispatch_key, str) else tuple(dispatch_key)
 
 
 def _mark(qualname: str, splitting: bool, eager_region: bool) -> None:

@@ -79,6 +79,7 @@ def parts(model, batch: int) -> dict:
         "segments per step": len(rec.segments),
         "segment replay": host_us(rec.segments[1].replay, 200),
         "eager region (the op)": host_us(lambda: region.fn(*region.args, **region.kwargs), 200),
+        "eager region (bound replay)": host_us(region.replay, 200) if region.replay is not None else float("nan"),
         "  KV write launch": host_us(lambda: ta.triton_write_kv(key, value, layer.kv_cache, meta.slot_mapping), 200),
         "  attention launch(es)": host_us(lambda: ta.triton_paged_attention(
             query, layer.kv_cache[0], layer.kv_cache[1], output, meta, layer.scale), 200),

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -121,10 +121,9 @@ def _triton_kernels() -> Any:
     return _KERNELS
 
 
-def unified_attention_with_output(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, output: torch.Tensor, layer_name: str
-) -> None:
-    """Attention for the layer named `layer_name`; writes into `output` ([rows, heads, dim])."""
+def _resolve(layer_name: str) -> tuple[Any, PagedAttentionMetadata, torch.Tensor]:
+    """The layer named `layer_name`, this step's metadata for it and its KV cache, from the
+    forward context."""
     ctx = get_forward_context()
     layer = ctx.no_compile_layers.get(layer_name)
     if layer is None:
@@ -141,7 +140,52 @@ def unified_attention_with_output(
             f"attention layer {layer_name!r} has no attention metadata or KV cache in this step; "
             "allocate the cache (model.allocate_kv_cache) and set the step's metadata"
         )
+    return layer, meta, kv_cache
+
+
+def unified_attention_with_output(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, output: torch.Tensor, layer_name: str
+) -> None:
+    """Attention for the layer named `layer_name`; writes into `output` ([rows, heads, dim])."""
+    layer, meta, kv_cache = _resolve(layer_name)
     paged_attention(query, key, value, output, kv_cache, meta, layer.scale)
+
+
+def _reads(layer: Any, meta: PagedAttentionMetadata, kv_cache: torch.Tensor) -> tuple:
+    """What a bound attention baked in from the forward context: addresses, the layout the
+    launches were planned for, the scale. The builder keeps its buffers, so steps agree."""
+    tables = meta.block_tables
+    return (kv_cache.data_ptr(), kv_cache.shape, kv_cache.dtype, layer.scale, meta.slot_mapping.data_ptr(),
+            meta.query_positions.data_ptr(), meta.token_seq.data_ptr(), tables.data_ptr(), tables.stride(0),
+            tables.shape[1])
+
+
+def bind_unified_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, output: torch.Tensor,
+                           layer_name: str) -> Optional[Callable[[], None]]:
+    """The op on a token graph's recorded tensors as three bound Triton launches (an eager
+    region's replay then costs a check of what it reads plus the launches, not the op's Python),
+    or None off CUDA/Triton. A replay whose forward context no longer matches runs the op."""
+    kernels = _triton_kernels() if query.is_cuda else None
+    if kernels is None:
+        return None
+    layer, meta, kv_cache = _resolve(layer_name)
+    if meta.query_positions.shape[0] != query.shape[0]:
+        meta = _rows_view(meta, query.shape[0])
+    write = kernels.bind_write_kv(key, value, kv_cache, meta.slot_mapping)
+    attend = kernels.bind_paged_attention(query, kv_cache[0], kv_cache[1], output, meta, layer.scale)
+    if write is None or attend is None:
+        return None
+    launches = (write, *attend)
+    expected = _reads(layer, meta, kv_cache)
+
+    def replay() -> None:
+        if _reads(*_resolve(layer_name)) != expected:
+            unified_attention_with_output(query, key, value, output, layer_name)
+            return
+        for launch in launches:
+            launch()
+
+    return replay
 
 
 def _register() -> None:
@@ -150,7 +194,7 @@ def _register() -> None:
         logger.info("atom-compile: aiter::%s exists already; the reference op is not registered", OP_NAME)
         return
     direct_register_custom_op(OP_NAME, unified_attention_with_output, mutates_args=["output"],
-                              splitting=True, eager_region=True)
+                              splitting=True, eager_region=True, bind_region=bind_unified_attention)
 
 
 def _is_ours() -> bool:

@@ -12,6 +12,7 @@ batch 1, where one program per head would leave most multiprocessors idle.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
 import triton
@@ -157,36 +158,80 @@ def _plan(rows: int, num_heads: int, num_kv_heads: int, head_dim: int, capacity:
     return plan
 
 
-def triton_paged_attention(query, k_cache, v_cache, output, meta, scale: float) -> None:
-    """query/output [rows, heads, dim]; caches [blocks, block_size, kv_heads, dim]."""
-    rows, num_heads, head_dim = query.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
+def _check_cache(k_cache, v_cache) -> None:
     if k_cache.stride(3) != 1 or v_cache.stride() != k_cache.stride():
         raise AtomValueError("triton_paged_attention: the KV cache must be [blocks, block_size, kv_heads, dim], dim contiguous")
-    if query.stride(2) != 1:
-        query = query.contiguous()
-    target = output if output.stride(2) == 1 else torch.empty_like(output, memory_format=torch.contiguous_format)
+
+
+def _attention_launches(query, k_cache, v_cache, output, meta, scale: float, plan: _Plan, scratch) -> list:
+    """The span and merge launches as (launcher, grid, args, constexprs, num_warps); `query`
+    and `output` have a contiguous last dimension."""
+    rows, num_heads, head_dim = query.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     tables = meta.block_tables
-    plan = _plan(rows, num_heads, num_kv_heads, head_dim, tables.shape[1] * block_size, query.device)
-    scratch = torch.empty(plan.scratch, dtype=torch.float32, device=query.device)
     kv_strides = k_cache.stride()
-    _span_launch(
-        (rows, num_kv_heads, plan.num_splits),
+    span = (
+        _span_launch, (rows, num_kv_heads, plan.num_splits),
         (query, k_cache, v_cache, scratch, tables, meta.token_seq, meta.query_positions,
          query.stride(0), query.stride(1), kv_strides[0], kv_strides[1], kv_strides[2], tables.stride(0),
          scale, num_heads, plan.num_splits, plan.keys_per_split, plan.ml_offset),
         {"GROUP": plan.group, "G_PAD": plan.g_pad, "BLOCK_SIZE": block_size, "BLOCK_N": BLOCK_N,
          "HEAD_DIM": head_dim, "D_PAD": plan.d_pad, "IEEE": k_cache.dtype == torch.float32},
-        num_warps=4,
+        4,
     )
-    _merge_launch(
-        (rows, num_heads, 1),
-        (scratch, target, target.stride(0), target.stride(1), num_heads, plan.num_splits, plan.ml_offset),
+    merge = (
+        _merge_launch, (rows, num_heads, 1),
+        (scratch, output, output.stride(0), output.stride(1), num_heads, plan.num_splits, plan.ml_offset),
         {"HEAD_DIM": head_dim, "D_PAD": plan.d_pad, "SPLITS_PAD": plan.splits_pad},
-        num_warps=1 if plan.num_splits <= 16 else 4,
+        1 if plan.num_splits <= 16 else 4,
     )
+    return [span, merge]
+
+
+def _plan_for(query, k_cache, meta) -> _Plan:
+    rows, num_heads, head_dim = query.shape
+    return _plan(rows, num_heads, k_cache.shape[2], head_dim, meta.block_tables.shape[1] * k_cache.shape[1], query.device)
+
+
+def triton_paged_attention(query, k_cache, v_cache, output, meta, scale: float) -> None:
+    """query/output [rows, heads, dim]; caches [blocks, block_size, kv_heads, dim]."""
+    _check_cache(k_cache, v_cache)
+    if query.stride(2) != 1:
+        query = query.contiguous()
+    target = output if output.stride(2) == 1 else torch.empty_like(output, memory_format=torch.contiguous_format)
+    plan = _plan_for(query, k_cache, meta)
+    scratch = torch.empty(plan.scratch, dtype=torch.float32, device=query.device)
+    for launch, grid, args, constexprs, warps in _attention_launches(query, k_cache, v_cache, target, meta, scale, plan, scratch):
+        launch(grid, args, constexprs, num_warps=warps)
     if target is not output:
         output.copy_(target)
+
+
+_bound_scratch: dict = {}
+
+
+def _shared_scratch(elements: int, device: torch.device) -> torch.Tensor:
+    """A float32 scratch of at least `elements`, shared by every bound attention on `device`.
+    Bound launches replay in stream order, one region after another, so they never overlap;
+    a larger request makes a new buffer (bindings made earlier keep theirs alive)."""
+    current = _bound_scratch.get(device)
+    if current is None or current.numel() < elements:
+        current = torch.empty(elements, dtype=torch.float32, device=device)
+        _bound_scratch[device] = current
+    return current
+
+
+def bind_paged_attention(query, k_cache, v_cache, output, meta, scale: float) -> Optional[list]:
+    """The attention on these exact tensors as bound launches (run once now), or None where it
+    cannot be bound (a strided query or output, a Triton without direct launches)."""
+    _check_cache(k_cache, v_cache)
+    if query.stride(2) != 1 or output.stride(2) != 1:
+        return None
+    plan = _plan_for(query, k_cache, meta)
+    scratch = _shared_scratch(plan.scratch, query.device)
+    bound = [launch.bind(grid, args, constexprs, num_warps=warps)
+             for launch, grid, args, constexprs, warps in _attention_launches(query, k_cache, v_cache, output, meta, scale, plan, scratch)]
+    return None if any(b is None for b in bound) else bound
 
 
 @triton.jit
@@ -210,19 +255,31 @@ def _write_kv_kernel(
 _write_launch = FastLaunch(_write_kv_kernel)
 
 
-def triton_write_kv(key, value, kv_cache, slot_mapping) -> None:
-    """One launch for this step's keys and values ([rows, kv_heads, dim]) into the paged cache."""
+def _write_kv_launch(key, value, kv_cache, slot_mapping) -> tuple:
     rows, heads, head_dim = key.shape
     k_cache = kv_cache[0].view(-1, heads, head_dim)
     v_cache = kv_cache[1].view(-1, heads, head_dim)
-    if key.stride(2) != 1:
-        key = key.contiguous()
-    if value.stride(2) != 1:
-        value = value.contiguous()
-    _write_launch(
+    return (
         (rows, 1, 1),
         (key, value, k_cache, v_cache, slot_mapping, key.stride(0), key.stride(1), value.stride(0), value.stride(1),
          k_cache.stride(0), k_cache.stride(1)),
         {"HEADS": heads, "HEAD_DIM": head_dim, "H_PAD": next_power_of_2(heads), "D_PAD": next_power_of_2(head_dim)},
-        num_warps=1,
     )
+
+
+def triton_write_kv(key, value, kv_cache, slot_mapping) -> None:
+    """One launch for this step's keys and values ([rows, kv_heads, dim]) into the paged cache."""
+    if key.stride(2) != 1:
+        key = key.contiguous()
+    if value.stride(2) != 1:
+        value = value.contiguous()
+    grid, args, constexprs = _write_kv_launch(key, value, kv_cache, slot_mapping)
+    _write_launch(grid, args, constexprs, num_warps=1)
+
+
+def bind_write_kv(key, value, kv_cache, slot_mapping) -> Optional[Any]:
+    """The KV write on these exact tensors as a bound launch (run once now), or None."""
+    if key.stride(2) != 1 or value.stride(2) != 1:
+        return None
+    grid, args, constexprs = _write_kv_launch(key, value, kv_cache, slot_mapping)
+    return _write_launch.bind(grid, args, constexprs, num_warps=1)

@@ -11,11 +11,16 @@ The specialisation key is ours and errs on the side of more keys: each tensor's 
 whether its address is 16-byte aligned, each integer's value class (1, a multiple of 16, 32-bit
 or not), and every constexpr; those are all Triton specialises on. Where the compiled kernel
 does not offer the direct launch (the interpreter, another Triton), every call takes the JIT path.
+
+`FastLaunch.bind` goes one step further for launches that repeat with the very same arguments
+(an eager region replayed every step on the buffers its token graph recorded): it resolves the
+compiled kernel once and returns a `BoundLaunch` that calls the kernel's launcher with the
+argument tuple built once, skipping the key, the grid closure and Triton's launch metadata.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -94,3 +99,68 @@ class FastLaunch:
         the order given: the direct launch passes every parameter positionally."""
         names = getattr(self.kernel, "arg_names", None)
         return names is not None and list(names[len(args):]) == list(constexprs)
+
+    def bind(self, grid: tuple[int, int, int], args: tuple, constexprs: dict, num_warps: int = 4) -> Optional["BoundLaunch"]:
+        """This launch with every argument fixed, as a zero-argument callable (launching it once
+        now, which compiles the specialisation if needed); None where the compiled kernel does
+        not offer the launcher `BoundLaunch` needs. The caller keeps `args`' tensors alive and
+        unchanged in address for as long as it replays the binding."""
+        self(grid, args, constexprs, num_warps)
+        if not self.direct:
+            return None
+        key = (_current_device(), num_warps, *[_KEYS.get(type(a), _other_key)(a) for a in args], *constexprs.values())
+        compiled = self.compiled.get(key)
+        return BoundLaunch.of(compiled, grid, (*args, *constexprs.values())) if compiled is not None else None
+
+
+_KNOBS: Any = None
+
+
+def _launch_hooks() -> tuple[Any, Any]:
+    """Triton's launch hooks (a profiler's), or (None, None) when none is set: an empty hook
+    chain still costs two Python calls and a metadata dict per launch."""
+    global _KNOBS
+    if _KNOBS is None:
+        try:
+            from triton import knobs
+
+            _KNOBS = knobs.runtime
+        except ImportError:  # an older Triton without knobs: its hooks are not looked at here
+            _KNOBS = False
+    if _KNOBS is False:
+        return None, None
+    enter, exit_ = _KNOBS.launch_enter_hook, _KNOBS.launch_exit_hook
+    if not getattr(enter, "calls", enter) and not getattr(exit_, "calls", exit_):
+        return None, None
+    return enter, exit_
+
+
+class BoundLaunch:
+    """One compiled Triton kernel launch with grid and arguments fixed (see `FastLaunch.bind`)."""
+
+    __slots__ = ("_compiled", "_grid", "_args", "_device", "_run", "_head")
+
+    def __init__(self, compiled: Any, grid: tuple[int, int, int], args: tuple):
+        self._compiled, self._grid, self._args = compiled, grid, args
+        self._device = _current_device()
+        self._run: Callable = compiled.run  # loads the module on first use
+        self._head = (*grid,)
+
+    @classmethod
+    def of(cls, compiled: Any, grid: tuple[int, int, int], args: tuple) -> Optional["BoundLaunch"]:
+        """A binding, or None where `compiled` lacks the launcher interface used here (Triton's
+        `CompiledKernel.run(gx, gy, gz, stream, function, packed_metadata, launch_metadata,
+        enter_hook, exit_hook, *args)`, stable across Triton 3.x)."""
+        if not all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata", "launch_metadata")):
+            return None
+        return cls(compiled, grid, args)
+
+    def __call__(self) -> None:
+        compiled = self._compiled
+        stream = torch._C._cuda_getCurrentRawStream(self._device)
+        enter, exit_ = _launch_hooks()
+        if enter is None:
+            self._run(*self._head, stream, compiled.function, compiled.packed_metadata, None, None, None, *self._args)
+        else:  # a profiler is listening: give it what Triton's own launch gives
+            meta = compiled.launch_metadata(self._grid, stream, *self._args)
+            self._run(*self._head, stream, compiled.function, compiled.packed_metadata, meta, enter, exit_, *self._args)

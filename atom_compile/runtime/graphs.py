@@ -129,6 +129,7 @@ class _Region:
     args: tuple
     kwargs: dict
     static_result: Any  # where the next segment reads the result (None for ops that mutate)
+    replay: Optional[Callable] = None  # the op's own bound replay (custom_ops bind_region), if any
 
 
 @dataclass
@@ -158,13 +159,15 @@ class _SegmentRecorder:
         self.segments.append(self._graph)
         self._graph = None
 
-    def eager_region(self, fn: Callable, args: tuple, kwargs: dict, name: str = "") -> Any:
+    def eager_region(self, fn: Callable, args: tuple, kwargs: dict, name: str = "",
+                     bind: Optional[Callable] = None) -> Any:
         self.end()
         # Runs once outside the capture (on the recording's not-yet-computed inputs), which also
         # warms the op up; replays run it again on the real data.
         result = fn(*args, **kwargs)
         static = _static_copy(result, name)
-        self.regions.append(_Region(fn, args, kwargs, static))
+        replay = bind(*args, **kwargs) if bind is not None else None
+        self.regions.append(_Region(fn, args, kwargs, static, replay))
         self.begin()
         return static if static is not None else result
 
@@ -244,7 +247,7 @@ class TokenGraph:
         segments = rec.segments
         segments[0].replay()
         for i, region in enumerate(rec.regions):
-            result = region.fn(*region.args, **region.kwargs)
+            result = region.replay() if region.replay is not None else region.fn(*region.args, **region.kwargs)
             if region.static_result is not None:
                 _copy_into(region.static_result, result)
             segments[i + 1].replay()

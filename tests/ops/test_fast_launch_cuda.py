@@ -82,3 +82,43 @@ def test_direct_launch_records_in_a_cuda_graph():
     ref._torch_paged_attention(q, cache[0], cache[1], want, meta, scale)
     torch.cuda.synchronize()
     torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2)
+
+
+def _reference(q, k, v, cache, meta, scale):
+    want = torch.zeros_like(q)
+    cache_ref = cache.clone()
+    ref.write_kv(k, v, cache_ref, meta.slot_mapping)
+    ref._torch_paged_attention(q, cache_ref[0], cache_ref[1], want, meta, scale)
+    return want, cache_ref
+
+
+def test_a_bound_region_replays_new_data_and_falls_back_when_the_cache_moves(monkeypatch):
+    import types
+
+    import atom_compile as ac
+
+    q, k, v, cache, meta = _case(11)
+    scale = q.shape[-1] ** -0.5
+    layer = types.SimpleNamespace(kv_cache=cache.clone(), scale=scale)
+    out = torch.zeros_like(q)
+    calls = []
+    op = ref.unified_attention_with_output
+    monkeypatch.setattr(ref, "unified_attention_with_output", lambda *a: (calls.append(1), op(*a))[1])
+    with ac.set_forward_context(meta, no_compile_layers={"layer.0": layer}):
+        replay = ref.bind_unified_attention(q, k, v, out, "layer.0")
+        assert replay is not None
+        for seed in (1, 2):  # new data in the bound tensors: the bound launches see it
+            gen = torch.Generator().manual_seed(seed)
+            for t in (q, k, v):
+                t.copy_(torch.randn(t.shape, generator=gen).to(t.dtype))
+            want, cache_want = _reference(q, k, v, layer.kv_cache, meta, scale)
+            replay()
+            torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2)
+            torch.testing.assert_close(layer.kv_cache, cache_want, rtol=0, atol=0)
+        assert calls == []  # bound: the op's Python did not run
+        layer.kv_cache = cache.clone() * 0.5  # the engine reallocated its cache: new address
+        want, cache_want = _reference(q, k, v, layer.kv_cache, meta, scale)
+        replay()
+        torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(layer.kv_cache, cache_want, rtol=0, atol=0)
+        assert calls == [1]  # what it bound no longer holds: the op ran instead

@@ -67,3 +67,48 @@ def test_constexprs_out_of_signature_order_take_the_jit_path():
     for _ in range(2):
         launch((1, 1, 1), (torch.zeros(4), 16, 1.0), {"FLAG": False, "BLOCK": 16})
     assert [entry[0] for entry in kernel.log] == ["jit", "jit"] and not launch.direct
+
+
+class _RunCompiled(_Compiled):
+    """A compiled kernel with Triton's launcher interface (`run`, `function`, `packed_metadata`)."""
+
+    function = "fn-handle"
+    packed_metadata = ("packed",)
+
+    def run(self, gx, gy, gz, stream, function, packed, launch_meta, enter, exit_, *args):
+        self.log.append(("bound", (gx, gy, gz), function, packed, args))
+
+    def launch_metadata(self, grid, stream, *args):
+        return None
+
+
+class _RunKernel(_Kernel):
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.log.append(("jit", grid, args, kwargs))
+            return _RunCompiled(self.log)
+        return run
+
+
+def test_bind_launches_once_then_replays_the_fixed_arguments(monkeypatch):
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 7, raising=False)
+    kernel = _RunKernel()
+    launch = FastLaunch(kernel)
+    x = torch.zeros(64)
+    bound = launch.bind((3, 2, 1), (x, 32, 0.5), {"BLOCK": 16, "FLAG": True}, num_warps=2)
+    assert [entry[0] for entry in kernel.log] == ["jit"]  # bind ran the launch once (and compiled it)
+    bound()
+    bound()
+    assert [entry[0] for entry in kernel.log] == ["jit", "bound", "bound"]
+    assert kernel.log[-1][1:] == ((3, 2, 1), "fn-handle", ("packed",), (x, 32, 0.5, 16, True))
+    # the same specialisation launched unbound still takes the direct path, not a second compile
+    launch((1, 1, 1), (x, 48, 0.5), {"BLOCK": 16, "FLAG": True}, num_warps=2)
+    assert kernel.log[-1][0] == "direct" and len(launch.compiled) == 1
+
+
+def test_bind_without_a_launcher_interface_is_none():
+    kernel = _Kernel()  # its compiled kernel has no `run`
+    launch = FastLaunch(kernel)
+    assert launch.bind((1, 1, 1), (torch.zeros(4), 16, 1.0), {"BLOCK": 16, "FLAG": False}) is None
+    assert FastLaunch(_Kernel(offers_direct=False)).bind((1, 1, 1), (torch.zeros(4), 16, 1.0),
+                                                         {"BLOCK": 16, "FLAG": False}) is None

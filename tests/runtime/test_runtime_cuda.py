@@ -141,6 +141,9 @@ def test_greedy_decode_matches_eager(mode, level, baselines):
     segments_per_bucket = LLAMA.num_layers + 1
     if mode.uses_tr_hybrid():
         assert info["captured"] == len(CAPTURE) * segments_per_bucket
+        # every attention region replays as bound launches (ops/attention.py bind_unified_attention)
+        recordings = graphs_module.token_graph_of(engine.runner.model).recordings.values()
+        assert all(region.replay is not None for rec in recordings for region in rec.regions)
     else:
         assert info["captured"] == len(CAPTURE)
 
