@@ -50,6 +50,7 @@ _EXPORTS = {
     "graph_pool": ".runtime.graphs",
     "token_graph": ".runtime.graphs",
     "request_bucket": ".runtime.buckets",
+    "mark_warmed_up": ".ops.jit_watch",
     # tensor parallel
     "TPLlamaForCausalLM": ".models.llama_tp",
     "shard_llama": ".models.llama_tp",
@@ -95,4 +96,5 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from .runtime.buckets import request_bucket
     from .runtime.graphs import ReqGraph, TokenGraph, eager_region, graph_pool, token_graph
     from .runtime.model_runner import ModelRunner
+    from .ops.jit_watch import mark_warmed_up
     from .models.llama_tp import TPLlamaForCausalLM, shard_llama

@@ -43,6 +43,8 @@ class CompilationCounter:
     num_dynamo_functions_loaded: int = 0
     num_cudagraph_captured: int = 0
     num_cudagraph_replayed: int = 0
+    # Triton JIT compiles and Inductor autotunes after mark_warmed_up() (ops/jit_watch.py)
+    num_triton_compiles_after_warmup: int = 0
 
     def clone(self) -> "CompilationCounter":
         return copy.deepcopy(self)

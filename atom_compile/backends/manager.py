@@ -25,6 +25,7 @@ import torch.fx as fx
 from .base import CompilerInterface
 from ..counters import compilation_counter
 from ..cache.keys import content_key, graph_fingerprint, sha256_bytes, sha256_file
+from ..cache import run_stats
 from ..cache.shared import SharedPieces
 from ..cache.store import PieceCache, damage, entry_key
 from ..cache.trust import make_private_dir, tree_problems
@@ -68,6 +69,8 @@ class CompilerManager:
         self.compiler_config = dict(compiler_config or {})
         compiler.initialize_cache(str(cache.path) if cache is not None else None, disable_cache=cache is None)
         index = cache.read_index() if cache is not None else {"entries": []}
+        if cache is not None and cache.writable:
+            run_stats.register(cache.path)  # where the run's after-warm-up Triton compiles are reported
         self.entries: dict[tuple, dict] = {entry_key(e): e for e in index.get("entries", [])}
         self.dynamo_function: Optional[dict] = index.get("dynamo_function")
         self.inductor_files: dict[str, str] = dict(index.get("inductor_files") or {})

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from ..errors import AtomCompileError
-from . import trust
+from . import run_stats, trust
 from .scratch import SCRATCH_DIR
 from .store import (
     FACTORS_FILE,
@@ -82,6 +82,7 @@ class PieceDir:
     root: Path  # the directory the trust checks start from (the cache root, or import staging)
     index: Optional[dict] = None
     problem: Optional[str] = None  # why an existing index cannot be used
+    run_stats: Optional[dict] = None  # the last run's compiles after warm-up (run_stats.py)
 
     @property
     def entries(self) -> list[dict]:
@@ -196,7 +197,7 @@ def read_json(root: Path, path: Path) -> tuple[Optional[Any], Optional[str]]:
 
 
 def _read_piece(root: Path, rank: int, prefix: str, path: Path) -> PieceDir:
-    piece = PieceDir(rank, prefix, path, root)
+    piece = PieceDir(rank, prefix, path, root, run_stats=run_stats.read(root, path))
     try:
         text = trust.read_bytes(root, path / INDEX_FILE, trust.MAX_JSON_BYTES).decode()
     except FileNotFoundError:

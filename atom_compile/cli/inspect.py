@@ -50,7 +50,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def cache_json(info: inv.CacheInfo, points: list[inv.EntryPoint], detail: bool) -> dict[str, Any]:
+    stats = [p.run_stats for p in info.pieces if p.run_stats]
     data = {
+        "triton_compiles_after_warmup": sum(st["triton_compiles_after_warmup"] for st in stats)
+        if stats else None,
         "hash": info.hash, "path": str(info.path), "bytes": info.bytes, "files": info.files,
         "cache_bytes": info.cache_bytes, "scratch_bytes": info.scratch_bytes,
         "prefixes": info.prefixes, "ranks": info.ranks, "entries": len(info.entries),
@@ -65,7 +68,8 @@ def cache_json(info: inv.CacheInfo, points: list[inv.EntryPoint], detail: bool) 
     if detail:
         data["factors"] = info.factors
         data["pieces"] = [{"rank": p.rank, "prefix": p.prefix, "path": str(p.path), "problem": p.problem,
-                           "entries": p.entries, "dynamo_function": p.dynamo_function} for p in info.pieces]
+                           "entries": p.entries, "dynamo_function": p.dynamo_function,
+                           "run_stats": p.run_stats} for p in info.pieces]
     return data
 
 
@@ -102,6 +106,7 @@ def inspect_one(info: inv.CacheInfo, points: list[inv.EntryPoint]) -> list[str]:
         ("prefixes", ", ".join(f"{p.prefix} (rank {p.rank})" for p in info.pieces) or "-"),
         ("entry points", f"{n_points} (a warm start that skips Dynamo)" if n_points else "0"),
         *_shared_field(info),
+        *_after_warmup_field(info),
     ])
     lines += [f"  ! {p}" for p in info.problems]
     lines += ["", "Key factors"]
@@ -130,6 +135,21 @@ def _shared_field(info: inv.CacheInfo) -> list[tuple[str, str]]:
     text = ", ".join(f"{out.plural(len(names), 'artifact')} ({prefix})" for prefix, names in sorted(info.shared.items()))
     return [("shared", f"{text or 'none'}; compiled by one rank, one file on disk for ranks "
                        f"{','.join(map(str, info.ranks))}")]
+
+
+def _after_warmup_field(info: inv.CacheInfo) -> list[tuple[str, str]]:
+    """The last run's Triton compiles and autotunes after its warm-up (ops/jit_watch.py)."""
+    stats = [p.run_stats for p in info.pieces if p.run_stats]
+    if not stats:
+        return []
+    count = sum(st["triton_compiles_after_warmup"] for st in stats)
+    since = max((st["warm_since"] or 0) for st in stats)
+    events = [e for st in stats for e in st["events"]]
+    text = f"{out.plural(count, 'Triton compile')} after warm-up in the last run (warm since {out.when(since)})"
+    if events:
+        first = events[0]
+        text += f"; first: {first.get('kind')} of {first.get('kernel')} for {first.get('shapes')}"
+    return [("after warm-up", text)]
 
 
 def _piece_heading(piece: inv.PieceDir, shared: set[str]) -> str:

@@ -24,6 +24,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from . import jit_watch
+
 _INT32 = 2**31
 
 
@@ -86,7 +88,8 @@ class FastLaunch:
         if compiled is not None:
             compiled[grid](*args, *constexprs.values())
             return
-        compiled = self.kernel[grid](*args, **constexprs, num_warps=num_warps)
+        with jit_watch.launching(args):  # a compile here after warm-up is reported with these shapes
+            compiled = self.kernel[grid](*args, **constexprs, num_warps=num_warps)
         if hasattr(compiled, "result"):  # an asynchronous compile's future
             compiled = compiled.result()
         if compiled is None or not callable(getattr(compiled, "__getitem__", None)) or not self._ordered(args, constexprs):

@@ -24,6 +24,7 @@ from ..config import Config, CUDAGraphMode
 from ..errors import AtomTypeError, AtomValueError
 from ..forward_context import get_forward_context, set_forward_context
 from .buckets import pad_to_bucket, request_bucket
+from ..ops import jit_watch
 from .capture_budget import budget_bytes, capture_within_budget
 from .graphs import ReqGraph, TokenGraph, graph_pool_bytes, token_graph_of
 from .runtime_config import RuntimeConfig
@@ -120,6 +121,7 @@ class ModelRunner:
         elapsed = time.perf_counter() - start
         logger.info("atom-compile: captured %d sizes (%s) in %.2fs; the graph pool holds %.1f MiB",
                     len(sizes), self.mode.name, elapsed, graph_pool_bytes() / 2**20)
+        jit_watch.mark_warmed_up()  # from here on a Triton compile is a shape the warm-up missed
         return elapsed, list(self.graphed_sizes)
 
     def _capture_sizes(self, sizes: list[int], bar: Any) -> list[int]:

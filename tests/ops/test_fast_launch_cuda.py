@@ -122,3 +122,25 @@ def test_a_bound_region_replays_new_data_and_falls_back_when_the_cache_moves(mon
         torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2)
         torch.testing.assert_close(layer.kv_cache, cache_want, rtol=0, atol=0)
         assert calls == [1]  # what it bound no longer holds: the op ran instead
+
+
+def test_a_specialisation_first_seen_after_warmup_is_counted_and_warned(caplog):
+    import logging
+
+    import atom_compile as ac
+    from atom_compile import compilation_counter
+    from atom_compile.ops import jit_watch
+
+    caplog.set_level(logging.WARNING, logger="atom_compile")
+    _both(*_case(0))  # the warm-up's specialisation
+    ac.mark_warmed_up()
+    try:
+        with compilation_counter.expect(num_triton_compiles_after_warmup=0):
+            _both(*_case(1))  # the same specialisation, new data: nothing compiles
+        before = compilation_counter.num_triton_compiles_after_warmup
+        _both(*_case(2, heads=12, kv_heads=4, dim=48))  # a head size the warm-up never saw
+        assert compilation_counter.num_triton_compiles_after_warmup - before >= 2  # KV write + span (+ merge)
+        warned = [r.getMessage() for r in caplog.records if "after warm-up" in r.getMessage()]
+        assert any("_attention_span_kernel" in w and "(3, 12, 48) bfloat16" in w for w in warned), warned
+    finally:
+        jit_watch.stop_watching()
