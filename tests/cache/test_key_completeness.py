@@ -45,6 +45,7 @@ CONFIG_FIELDS = {
     "remote_cache": ("file:///nonexistent/atom-remote", False),
     "compile_ranges": ([[2, 8]], True),
     "inductor_passes": (["tests.cache.test_key_completeness:_noop_pass"], True),
+    "use_inductor_graph_partition": (True, True),
 }
 def _noop_pass(graph) -> None:
     """An Inductor post-grad pass that changes nothing: its source still enters the key."""
