@@ -1,6 +1,8 @@
 """use_inductor_graph_partition: the whole graph goes to Inductor once, partitioned at the
 splitting ops by Inductor itself (not by FX); validated, keyed, cached, equal to eager."""
 
+import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -8,29 +10,16 @@ import torch
 import torch._inductor.config as inductor_config
 from torch._inductor import scheduler
 
-import atom_compile as ac
 from atom_compile import CompilationConfig, Config, ConfigError, compilation_counter
 from atom_compile.backends import graph_partition
 from atom_compile.cache import inventory
 from atom_compile.cli import output
+from support import _job
 from support.jobs import run_job
 
 pytestmark = pytest.mark.skipif(
     graph_partition.graph_partition_unsupported() is not None,
     reason=f"Inductor graph partition unavailable: {graph_partition.graph_partition_unsupported()}")
-
-
-class SillyTwoLayers(torch.nn.Module):
-    """Two silly.attention calls: FX would cut it into five pieces (three compiled)."""
-
-    def forward(self, x):
-        x = torch.relu(x) + 1
-        out = torch.empty_like(x)
-        torch.ops.silly.attention(x, x, x, out)
-        x = out * 2 - 1
-        out = torch.empty_like(x)
-        torch.ops.silly.attention(x, x, x, out)
-        return out.sigmoid() + x
 
 
 def test_the_option_is_validated():
@@ -58,44 +47,45 @@ def test_a_torch_without_the_feature_is_a_clear_config_error(monkeypatch):
     CompilationConfig(level=3)  # off: nothing is asked of Inductor
 
 
-def test_inductor_partitions_the_one_graph_at_the_splitting_ops(tmp_path, monkeypatch):
-    reasons, seen_options = [], []
+@pytest.fixture
+def partition_reasons(monkeypatch):
+    """Inductor's own answers: the graph_partition / custom_should_partition_ops it compiled
+    with, and its should_partition reason for each node."""
+    seen = {"options": set(), "reasons": []}
     real = scheduler.Scheduler.should_partition
 
     def spy(self, node):
         reason = real(self, node)
-        seen_options.append((inductor_config.graph_partition, tuple(inductor_config.custom_should_partition_ops)))
-        reasons.append(reason)
+        seen["options"].add((inductor_config.graph_partition, tuple(inductor_config.custom_should_partition_ops)))
+        seen["reasons"].append(reason)
         return reason
 
     monkeypatch.setattr(scheduler.Scheduler, "should_partition", spy)
-    cfg = Config(compilation_config=CompilationConfig(
-        level=3, splitting_ops=["silly.attention"], use_inductor_graph_partition=True, cache_dir=str(tmp_path)))
-    model = SillyTwoLayers()
-    x = torch.randn(6, 8)
-    torch._dynamo.mark_dynamic(x, 0)
-    with compilation_counter.expect(num_graphs_seen=1, num_piecewise_graphs_seen=1, num_inductor_compiles=1,
-                                    num_inductor_partitions=5):
-        out = torch.compile(model, backend=ac.backend(cfg), fullgraph=True)(x)
-    torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
-    # Inductor itself was told: graph partition on, and it chose to partition at both calls
-    assert set(seen_options) == {(True, ("silly::attention",))}
-    assert sum(1 for r in reasons if r and r.startswith("custom partition op: silly::attention")) >= 2
+    return seen
 
 
-def test_llama_matches_eager_and_a_second_process_compiles_nothing(tmp_path):
+def test_llama_matches_eager_and_a_second_process_compiles_nothing(tmp_path, monkeypatch, capsys, partition_reasons):
+    """The cold start in this process (Inductor watched), the warm one in a fresh process."""
     root = str(tmp_path / "cache")
     args = ("--cache-root", root, "--layers", "1", "--graph-partition")
-    cold = run_job(*args)
+    monkeypatch.setattr(sys, "argv", ["_job.py", *args])
+    before = compilation_counter.clone()
+    _job.main()
+    cold = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert cold["max_abs_err"] <= 1e-5
-    c = cold["counters"]
+    c = {k: v - getattr(before, k) for k, v in compilation_counter.as_dict().items()}
     assert c["num_inductor_compiles"] == 1 and c["num_piecewise_graphs_seen"] == 1
-    assert c["num_inductor_partitions"] == 3  # before, the attention, after
+    assert c["num_inductor_partitions"] == 3  # before the attention, the attention, after it
+    # Inductor itself was told, and partitioned at the attention op
+    assert partition_reasons["options"] == {(True, ("aiter::mla_attention", "aiter::unified_attention_with_output"))}
+    assert any(r and r.startswith("custom partition op: aiter::unified_attention_with_output")
+               for r in partition_reasons["reasons"])
+
     warm = run_job(*args)
     w = warm["counters"]
     assert w["num_inductor_compiles"] == 0 and w["num_eager_compiles"] == 0
     assert w["num_compiled_artifacts_loaded"] + w["num_dynamo_functions_loaded"] >= 1
-    assert warm["output_sha256"] == cold["output_sha256"]
+    assert warm["max_abs_err"] <= 1e-5 and warm["output_sha256"] == cold["output_sha256"]
     # inspect: one graph, its partitions
     (cache,) = inventory.list_caches(Path(root))
     assert cache.factors["config"]["use_inductor_graph_partition"] is True
