@@ -95,6 +95,7 @@ def _from_environment(exc: ConfigError, env_only: set[str]) -> bool:
     field = exc.field_name.rsplit(".", 1)[-1]
     return field in env_only or (isinstance(exc.value, str) and exc.value in env_only)
 
+
 def atom_backend(gm: fx.GraphModule, example_inputs: list[Any],
                  options: Optional[Mapping[str, Any]] = None) -> Callable:
     """The backend torch finds as "atom": each graph gets an atom-compile backend of its own."""

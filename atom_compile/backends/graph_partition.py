@@ -81,4 +81,3 @@ def whole_graph(gm: fx.GraphModule, ops: Iterable[str]) -> tuple[fx.GraphModule,
     compilation_counter.num_inductor_partitions += n
     logger.info("atom-compile: Inductor graph partition: 1 graph, %d partitions at %s", n, ", ".join(ops) or "-")
     return split_gm, [item], n
-
