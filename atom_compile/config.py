@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Union
 
 from .errors import AtomTypeError, ConfigError
-from .config_checks import CAPTURE_SIZES_TOKEN, _check_bool, _check_budget, _check_size, _jsonable, _range_list, _size_list
+from .config_checks import CAPTURE_SIZES_TOKEN, _check_bool, _check_budget, _check_graph_partition, _check_size, _jsonable, _range_list, _size_list
 from .host_config import HostConfig
 from .modes import CompilationLevel, CUDAGraphMode
 from .passes import check_pass, pass_factors
@@ -79,6 +79,9 @@ class CompilationConfig:
     # Inductor post-grad passes (callables over a torch.fx.Graph or "package.module:name"),
     # run in order; each pass's uuid (default: its source hash) enters the hash when set.
     inductor_passes: list = field(default_factory=list)
+    # vLLM's use_inductor_graph_partition: level 3 gives Inductor the whole graph, which it
+    # partitions at the splitting ops itself (backends/graph_partition.py). Hashed when True.
+    use_inductor_graph_partition: bool = False
     inductor_compile_config: dict = field(default_factory=dict)
     debug_dump_path: str = ""
     cache_dir: str = ""
@@ -101,6 +104,8 @@ class CompilationConfig:
         )
         self.use_inductor = _check_bool("CompilationConfig.use_inductor", self.use_inductor)
         self.require_cache = _check_bool("CompilationConfig.require_cache", self.require_cache)
+        self.use_inductor_graph_partition = _check_bool(
+            "CompilationConfig.use_inductor_graph_partition", self.use_inductor_graph_partition)
         if self.cudagraph_mode is not None:
             self.cudagraph_mode = CUDAGraphMode.parse(
                 self.cudagraph_mode, "CompilationConfig.cudagraph_mode"
@@ -147,6 +152,7 @@ class CompilationConfig:
                 "CompilationConfig.compiler", self.compiler,
                 "'auto' or 'eager' when use_inductor is False",
             )
+        _check_graph_partition(self)
 
     # --- the seed's set-up steps -------------------------------------------------------
 
@@ -194,6 +200,8 @@ class CompilationConfig:
             factors["compile_ranges"] = [list(r) for r in self.concrete_compile_ranges()]
         if self.inductor_passes:  # likewise
             factors["inductor_passes"] = pass_factors(self.inductor_passes)
+        if self.use_inductor_graph_partition:  # likewise
+            factors["use_inductor_graph_partition"] = True
         return factors
 
     def compute_hash(self) -> str:

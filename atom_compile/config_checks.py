@@ -79,3 +79,33 @@ def _check_budget(value: Any) -> None:
     if not ok:
         raise ConfigError("Config.cudagraph_memory_budget", value,
                           "None, a positive int (bytes) or a float in (0, 1] (a fraction of free memory)")
+
+
+def graph_partition_unsupported() -> str | None:
+    """Why the installed torch's Inductor cannot partition a graph at given ops (None: it can).
+    Decided by the feature (the two config entries), not by the version."""
+    try:
+        import torch._inductor.config as inductor_config
+    except Exception as exc:  # pragma: no cover - a torch without Inductor
+        return f"torch._inductor cannot be imported ({exc})"
+    missing = [name for name in ("graph_partition", "custom_should_partition_ops")
+               if not hasattr(inductor_config, name)]
+    if missing:
+        return f"the installed torch's Inductor has no {' / '.join(missing)} (Inductor graph partition needs torch >= 2.9)"
+    return None
+
+
+def _check_graph_partition(cc: Any) -> None:
+    """use_inductor_graph_partition needs level 3, Inductor, and a torch that can partition."""
+    name = "CompilationConfig.use_inductor_graph_partition"
+    if not cc.use_inductor_graph_partition:
+        return
+    if int(cc.level) != 3:
+        raise ConfigError(name, True, f"False at level {int(cc.level)}: Inductor partitions the graph at the "
+                          "splitting ops only at level 3 (PIECEWISE)")
+    if cc.resolved_compiler() == "eager":
+        raise ConfigError(name, True, "False when the compiler is 'eager' (use_inductor=False): only Inductor "
+                          "partitions a graph")
+    reason = graph_partition_unsupported()
+    if reason is not None:
+        raise ConfigError(name, True, f"False on this torch: {reason}")

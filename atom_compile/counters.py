@@ -22,6 +22,8 @@ class CompilationCounter:
     num_piecewise_graphs_seen: int = 0
     # pieces that are compiled (and that a CUDA graph may capture): the non-splitting ones
     num_piecewise_capturable_graphs_seen: int = 0
+    # use_inductor_graph_partition: the partitions Inductor cuts the one compiled graph into
+    num_inductor_partitions: int = 0
     # compile-or-load requests for the general shape, one per compiled piece
     num_backend_compilations: int = 0
     # compile-or-load requests for a concrete size from compile_sizes

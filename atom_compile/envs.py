@@ -123,6 +123,13 @@ def remote_key_file() -> str | None:
     return os.environ.get("ATOM_COMPILE_REMOTE_KEY_FILE") or None
 
 
+def compile_config() -> str | None:
+    """ATOM_COMPILE_CONFIG: the CompilationConfig of `torch.compile(..., backend="atom")` when no
+    options are given (options override it field by field): a JSON object of its fields, or the
+    path of a JSON or YAML file holding one. Parsed and validated by backends/dynamo_entry.py."""
+    return os.environ.get("ATOM_COMPILE_CONFIG", "").strip() or None
+
+
 DEFAULT_REMOTE_TIMEOUT = 2.0
 _warned_timeouts: set[str] = set()
 
@@ -160,6 +167,7 @@ class Environment:
     remote_key: str | None = field(default=None, repr=False)
     remote_key_file: str | None = None
     remote_timeout: float = DEFAULT_REMOTE_TIMEOUT
+    compile_config: str | None = None
 
     @property
     def cache_disabled(self) -> bool:
@@ -178,4 +186,5 @@ def read(cache_dir: str = "") -> Environment:
         remote_key=remote_key(),
         remote_key_file=remote_key_file(),
         remote_timeout=remote_timeout(),
+        compile_config=compile_config(),
     )

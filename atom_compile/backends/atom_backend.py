@@ -33,7 +33,7 @@ from ..config import (
 )
 from ..counters import compilation_counter
 from ..errors import CacheMiss, GraphBreakError
-from . import compiled_function, floats, strict, unsupported
+from . import compiled_function, floats, graph_partition, strict, unsupported
 from .inductor import make_compiler
 from .custom_passes import compiler_config
 from .manager import CompilerManager
@@ -223,6 +223,8 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], cc: Compilation
         cc, compiler.compute_hash(), _device_type(example_inputs), traced_files, keys.custom_op_names(gm),
         keys.graph_digest(gm, traced),
     )
+    if graph_partition.enabled(cc):  # derived from the graph (keyed already); shown by inspect
+        factors["graph"]["inductor_partitions"] = graph_partition.partitions(gm, _partition_ops(cc))
     cache_hash = keys.compute_hash(factors)
     cache = open_cache(environment, cache_hash, prefix, factors)
     tier = remote_tier(cc, environment) if cache is not None else None
@@ -237,7 +239,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], cc: Compilation
     _dump(cc, prefix, "traced_graph.py", gm.print_readable(print_output=False))
 
     floats.fold_constant_scalars(gm)
-    split_gm, items = split_graph(gm, splitting_ops_for(cc))
+    split_gm, items = _split(gm, cc)
     compile_pieces(split_gm, items, manager, cc, example_inputs, prefix)
     _write_graphs(cc, prefix, cache, split_gm, items)
 
@@ -252,6 +254,18 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], cc: Compilation
     )
     return CompileResult(fn, time.perf_counter() - start, traced_files, factors, cache_hash, cache, manager,
                          split_gm, items, copy_indices, tier)
+
+
+def _partition_ops(cc: CompilationConfig) -> list[str]:
+    return graph_partition.partition_ops(cc, DEFAULT_SPLITTING_OPS)
+
+
+def _split(gm: fx.GraphModule, cc: CompilationConfig) -> tuple[fx.GraphModule, list[SplitItem]]:
+    """FX pieces cut at the splitting ops, or (Inductor graph partition) the graph as one piece."""
+    if graph_partition.enabled(cc):
+        split_gm, items, _ = graph_partition.whole_graph(gm, _partition_ops(cc))
+        return split_gm, items
+    return split_graph(gm, splitting_ops_for(cc))
 
 
 def _strict_check(environment: envs.Environment, prefix: str, factors: dict, cache_hash: str,

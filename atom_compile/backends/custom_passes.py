@@ -15,8 +15,9 @@ from typing import Any, Callable
 import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from ..config import CompilationConfig
+from ..config import DEFAULT_SPLITTING_OPS, CompilationConfig
 from ..passes import pass_factors, resolve_pass
+from . import graph_partition
 
 POST_PASS_KEY = "post_grad_custom_post_pass"
 
@@ -41,8 +42,10 @@ class PostGradPasses(CustomGraphPass):
 
 
 def compiler_config(cc: CompilationConfig) -> dict[str, Any]:
-    """The Inductor options a piece compiles with: inductor_compile_config plus the passes."""
+    """The Inductor options a piece compiles with: inductor_compile_config, the passes, and
+    Inductor graph partition's (when use_inductor_graph_partition is on)."""
     out = dict(cc.inductor_compile_config)
+    out.update(graph_partition.inductor_options(cc, DEFAULT_SPLITTING_OPS))
     if cc.inductor_passes:
         out[POST_PASS_KEY] = PostGradPasses(cc.inductor_passes)
     return out

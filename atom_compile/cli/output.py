@@ -105,6 +105,8 @@ def factor_summary(factors: Optional[dict]) -> str:
         str(env.get("compiler") or cfg.get("compiler") or "?"),
         f"compile sizes {cfg.get('compile_sizes') or []}",
         *([f"compile ranges {cfg['compile_ranges']}"] if cfg.get("compile_ranges") else []),
+        *([f"Inductor graph partition ({plural((factors.get('graph') or {}).get('inductor_partitions', 0), 'partition')}"
+           " in 1 graph)"] if cfg.get("use_inductor_graph_partition") else []),
         device or "device ?",
         plural(len(((factors.get("code") or {}).get("files") or {})), "source file"),
         plural(len(factors.get("custom_ops") or {}), "custom op"),

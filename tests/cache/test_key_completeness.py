@@ -45,6 +45,7 @@ CONFIG_FIELDS = {
     "remote_cache": ("file:///nonexistent/atom-remote", False),
     "compile_ranges": ([[2, 8]], True),
     "inductor_passes": (["tests.cache.test_key_completeness:_noop_pass"], True),
+    "use_inductor_graph_partition": (True, True),
 }
 def _noop_pass(graph) -> None:
     """An Inductor post-grad pass that changes nothing: its source still enters the key."""
@@ -67,6 +68,8 @@ PACKAGE_ENV = {
     "ATOM_COMPILE_PEER_TIMEOUT": "how long a rank waits for a peer compiling a shared piece",
     "ATOM_COMPILE_DISABLE_VLLM_PLUGIN": "whether vLLM's plugin hook registers anything",
     "ATOM_COMPILE_DISABLE_VLLM_PLUGIN_ATTENTION": "whether that hook registers our attention op",
+    "ATOM_COMPILE_CONFIG": "backend='atom''s CompilationConfig: its fields are keyed as CONFIG_FIELDS says, "
+                           "not the variable's text",
 }
 # Inductor config entries whose change leaves our key alone although torch's own cache keys
 # them: debug output and cache switches, which change no generated code

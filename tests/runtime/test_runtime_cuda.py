@@ -99,8 +99,9 @@ def _schedule(engine: Engine) -> None:
     engine.step([5])                                 # bucket 1
 
 
-def _run(mode: CUDAGraphMode, level: int, cache_root, forced: list | None = None) -> tuple[Engine, dict]:
-    cc = CompilationConfig(level=level, cudagraph_mode=mode, cudagraph_capture_sizes=CAPTURE, cache_dir=str(cache_root))
+def _run(mode: CUDAGraphMode, level: int, cache_root, forced: list | None = None, **fields) -> tuple[Engine, dict]:
+    cc = CompilationConfig(level=level, cudagraph_mode=mode, cudagraph_capture_sizes=CAPTURE, cache_dir=str(cache_root),
+                           **fields)
     cfg = Config(max_num_seqs=16, max_num_batched_tokens=256, compilation_config=cc)
     model = build_model(LLAMA, compilation_config=cfg, dtype=torch.bfloat16, device="cuda", seed=0)
     num_blocks = 16 * 4

@@ -49,6 +49,7 @@ def main() -> None:
     ap.add_argument("--compiler", default="auto")
     ap.add_argument("--compile-sizes", default="")
     ap.add_argument("--fail-writes", choices=["none", "readonly", "full"], default="none")
+    ap.add_argument("--graph-partition", action="store_true", help="use_inductor_graph_partition=True")
     ap.add_argument("--plain", action="store_true", help="torch.compile with backend(cfg), no decorator")
     args = ap.parse_args()
     if args.fail_writes != "none":
@@ -65,7 +66,8 @@ def main() -> None:
 
     sizes = [int(s) for s in args.compile_sizes.split(",") if s]
     cfg = ac.Config(max_num_seqs=8, compilation_config=ac.CompilationConfig(
-        level=args.level, cache_dir=args.cache_root, compiler=args.compiler, compile_sizes=sizes or None))
+        level=args.level, cache_dir=args.cache_root, compiler=args.compiler, compile_sizes=sizes or None,
+        use_inductor_graph_partition=args.graph_partition))
     llama = preset("tiny", num_layers=args.layers)
     if args.plain:
         model = build_model(llama, compilation_config=ac.Config())
