@@ -50,6 +50,8 @@ _EXPORTS = {
     "graph_pool": ".runtime.graphs",
     "token_graph": ".runtime.graphs",
     "request_bucket": ".runtime.buckets",
+    # the warm-up (the CLI's `warm`, from Python)
+    "warm": ".cli.warm_job",
     # tensor parallel
     "TPLlamaForCausalLM": ".models.llama_tp",
     "shard_llama": ".models.llama_tp",
@@ -96,3 +98,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from .runtime.graphs import ReqGraph, TokenGraph, eager_region, graph_pool, token_graph
     from .runtime.model_runner import ModelRunner
     from .models.llama_tp import TPLlamaForCausalLM, shard_llama
+    from .cli.warm_job import warm
