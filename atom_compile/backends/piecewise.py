@@ -177,8 +177,12 @@ class PiecewiseCompileInterpreter(torch.fx.Interpreter):
         self.backends: dict[str, PiecewiseBackend] = {}
 
     def run(self, *args: Any) -> Any:
+        # A fake tensor of another mode (a fake-weight build's inputs) is converted as a real
+        # one is: Dynamo's mode gives back the symbolic value it traced.
         fake_args = [
-            self.fake_mode.from_tensor(t) if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor) else t
+            self.fake_mode.from_tensor(t)
+            if isinstance(t, torch.Tensor) and not (isinstance(t, FakeTensor) and t.fake_mode is self.fake_mode)
+            else t
             for t in args
         ]
         with self.fake_mode, enable_python_dispatcher():
