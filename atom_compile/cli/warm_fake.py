@@ -118,13 +118,18 @@ def explain_failure(exc: BaseException, model: str) -> WarmError:
     is one, else the failure, and what to do."""
     from ..backends.compile_only import FakeWeightsError
 
-    seen, cause = set(), exc
+    seen, cause, root = set(), exc, exc
     while cause is not None and id(cause) not in seen:
         if isinstance(cause, FakeWeightsError):
             return WarmError(f"--fake-weights: {model}: {cause}")
         seen.add(id(cause))
+        root = cause
         cause = cause.__cause__ or cause.__context__
-    first = str(exc).splitlines()[0] if str(exc) else ""
-    return WarmError(f"--fake-weights: {model} could not be compiled from fake weights ({type(exc).__name__}: "
-                     f"{first[:300]}). Pieces compiled before the failure stay in the cache; warm with real "
-                     "weights (without --fake-weights) to complete it.")
+    detail = f"{type(root).__name__}: {str(root).strip().splitlines()[0] if str(root).strip() else ''}"[:300]
+    hint = ""
+    if "meta" in detail:
+        hint = (" A tensor the build left on the meta device (one held outside the modules' parameters, "
+                "buffers and tensor attributes) met the fake weights.")
+    return WarmError(f"--fake-weights: {model} could not be compiled from fake weights ({detail}).{hint} "
+                     "Pieces compiled before the failure stay in the cache; warm with real weights (without "
+                     "--fake-weights) to complete it.")
