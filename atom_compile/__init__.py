@@ -51,6 +51,8 @@ _EXPORTS = {
     "token_graph": ".runtime.graphs",
     "request_bucket": ".runtime.buckets",
     "mark_warmed_up": ".ops.jit_watch",
+    # the warm-up (the CLI's `warm`, from Python)
+    "warm": ".cli.warm_job",
     # tensor parallel
     "TPLlamaForCausalLM": ".models.llama_tp",
     "shard_llama": ".models.llama_tp",
@@ -98,3 +100,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from .runtime.model_runner import ModelRunner
     from .ops.jit_watch import mark_warmed_up
     from .models.llama_tp import TPLlamaForCausalLM, shard_llama
+    from .cli.warm_job import warm

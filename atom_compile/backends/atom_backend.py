@@ -33,7 +33,7 @@ from ..config import (
 )
 from ..counters import compilation_counter
 from ..errors import CacheMiss, GraphBreakError
-from . import compiled_function, floats, graph_partition, strict, unsupported
+from . import compile_only, compiled_function, floats, graph_partition, strict, unsupported
 from .inductor import make_compiler
 from .custom_passes import compiler_config
 from .manager import CompilerManager
@@ -217,6 +217,8 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], cc: Compilation
 
     compiler = make_compiler(cc)
     traced = traced_values(gm, example_inputs)
+    if compile_only.active():
+        compile_only.check_graph(gm, traced, compiler_config(cc))
     copies = cc.cudagraph_copy_inputs and effective_cudagraph_mode(cc) != CUDAGraphMode.NONE
     copy_indices = _symbolic_tensor_indices(traced) if copies else None
     factors = keys.build_factors(

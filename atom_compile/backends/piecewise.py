@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -11,6 +12,7 @@ import torch.fx as fx
 from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+from . import compile_only
 from .manager import CompilerManager
 from .ranges import compile_ranges, find_range
 
@@ -119,8 +121,33 @@ def _warn_capture_once(size: int) -> None:
 def install(split_gm: fx.GraphModule, name: str, backend: PiecewiseBackend) -> None:
     """Put the compiled piece where the stitching module calls `self.<name>(...)`: an instance
     attribute wins over `_modules`. Without per-size entries the general callable goes in
-    directly, one Python frame less per piece and step."""
+    directly, one Python frame less per piece and step. Compiling only (fake weights), a
+    `FakeRun` goes in instead: compiled code never runs on fake data."""
+    if compile_only.active():
+        split_gm.__dict__[name] = FakeRun(backend)
+        return
     split_gm.__dict__[name] = backend if backend.dispatches else backend.compiled_graph_for_general_shape
+
+
+class FakeRun:
+    """A compiled piece's stand-in while compiling only: a call of a compile size compiles (or
+    loads) that size's entry, as the piece itself would; the outputs are the piece's graph run
+    on the (fake) inputs."""
+
+    def __init__(self, piece: PiecewiseBackend):
+        self.piece = piece
+        self.sizes_done: set[int] = set()
+
+    def __call__(self, *args: Any) -> Any:
+        piece = self.piece
+        if piece.concrete_size_entries:
+            size = read_runtime_shape(args, piece.locator)
+            if size in piece.concrete_size_entries and size not in self.sizes_done:
+                piece.compile_size(size, list(args))
+                self.sizes_done.add(size)
+        mode = torch._guards.detect_fake_mode(args)
+        with mode if mode is not None else contextlib.nullcontext():
+            return piece.graph(*args)
 
 
 class PiecewiseCompileInterpreter(torch.fx.Interpreter):
@@ -150,8 +177,12 @@ class PiecewiseCompileInterpreter(torch.fx.Interpreter):
         self.backends: dict[str, PiecewiseBackend] = {}
 
     def run(self, *args: Any) -> Any:
+        # A fake tensor of another mode (a fake-weight build's inputs) is converted as a real
+        # one is: Dynamo's mode gives back the symbolic value it traced.
         fake_args = [
-            self.fake_mode.from_tensor(t) if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor) else t
+            self.fake_mode.from_tensor(t)
+            if isinstance(t, torch.Tensor) and not (isinstance(t, FakeTensor) and t.fake_mode is self.fake_mode)
+            else t
             for t in args
         ]
         with self.fake_mode, enable_python_dispatcher():

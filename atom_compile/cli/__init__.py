@@ -47,7 +47,7 @@ def _global_options(p: argparse.ArgumentParser, top: bool) -> None:
 
 
 _COMMANDS: list[tuple[str, str, str, Callable, Optional[Callable]]] = [
-    ("warm", warm.HELP, warm.EPILOG, warm.run, warm.add_model_arguments),
+    ("warm", warm.HELP, warm.EPILOG, warm.run, warm.add_warm_arguments),
     ("inspect", inspect.HELP, inspect.EPILOG, inspect.run, inspect.add_arguments),
     ("clear", clear.HELP, clear.EPILOG, clear.run, clear.add_arguments),
     ("verify", verify.HELP, verify.EPILOG, verify.run, verify.add_arguments),

@@ -36,6 +36,13 @@ examples:
   atom-compile-cache warm tiny --layers 4 --compile-sizes 1 2 4 8 --json
   atom-compile-cache warm llama-3.2-1b --device cuda --capture-sizes 1 2 4 8 --compile-sizes cudagraph_capture_sizes
   atom-compile-cache warm mypkg.models:build --config '{"max_num_seqs": 64}'
+  atom-compile-cache warm llama-3.2-1b --fake-weights --compile-sizes 1 2 4 8   # a build step: no weight memory
+
+With --fake-weights the model is built on the meta device and its weights become fake tensors
+(no memory); every piece and compile size is compiled into the cache exactly as a real warm
+would, but nothing runs, and no CUDA graph is recorded. A later run with real weights loads
+that cache and compiles nothing. A model that cannot be compiled this way is refused with the
+reason (a tensor left on the meta device, a tensor constant, Inductor's freezing).
 """
 
 
@@ -55,6 +62,13 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", type=int, metavar="N", help="decoder layers of a built-in preset")
 
 
+def add_warm_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_arguments(p)
+    p.add_argument("--fake-weights", action="store_true",
+                   help="build the model with fake weights (no weight memory) and compile only: a build step "
+                        "for CI or an image; a real run with real weights loads the cache it writes")
+
+
 def warm_options(args: argparse.Namespace) -> WarmOptions:
     root = resolve_root(args)
     return WarmOptions(
@@ -62,7 +76,7 @@ def warm_options(args: argparse.Namespace) -> WarmOptions:
         compile_sizes=parse_sizes(args.compile_sizes, True, "--compile-sizes"),
         capture_sizes=parse_sizes(args.capture_sizes, False, "--capture-sizes"),
         cudagraph_mode=args.cudagraph_mode, device=args.device, cache_dir=str(root),
-        config=args.config, layers=args.layers,
+        config=args.config, layers=args.layers, fake_weights=bool(getattr(args, "fake_weights", False)),
     )
 
 
@@ -116,6 +130,9 @@ def format_summary(r: dict[str, Any]) -> list[str]:
                              f"Inductor files {out.size(cache['scratch_bytes'])})"))
     if not r["caches"]:
         rows.append(("cache", "none used" + (" (levels 0 and 1 compile nothing)" if r["level"] < 2 else "")))
+    if r.get("fake_weights"):
+        rows.append(("weights", f"fake: {out.size(r['real_weight_bytes'])} allocated of "
+                                f"{out.size(r['weight_bytes'])} (compiled only, nothing ran)"))
     head = f"Warmed {r['model']} at level {r['level']} on {r['device']} in {r['seconds']:.1f} s"
     return [head, *out.fields(rows)]
 

@@ -9,10 +9,11 @@ before and after the run, so that a slower warm is explained.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from ..cache import inventory
 from ..cache.store import caches_dir, open_cache_paths
@@ -20,6 +21,7 @@ from ..config import Config, CUDAGraphMode
 from ..counters import compilation_counter
 from .progress import Progress
 from .warm_model import (
+    WarmError,
     WarmOptions,
     build_config,
     build_job,
@@ -47,6 +49,9 @@ class WarmReport:
     notes: list[str] = field(default_factory=list)
     caches: list[dict] = field(default_factory=list)
     rebuilt: list[str] = field(default_factory=list)  # rank_<r>/<prefix> whose Inductor files were rebuilt
+    fake_weights: bool = False
+    weight_bytes: int = 0  # of the parameters and buffers (fake weights: what a real build allocates)
+    real_weight_bytes: int = 0  # real storage behind them (0 with fake weights)
 
     def as_dict(self) -> dict[str, Any]:
         c = self.counters
@@ -64,6 +69,8 @@ class WarmReport:
             "rebuilt_inductor_files": self.rebuilt,
             "seconds": round(self.seconds, 3), "cudagraph_mode": self.cudagraph_mode,
             "cudagraphs_recorded": self.cudagraphs_recorded, "notes": self.notes, "counters": c,
+            "fake_weights": self.fake_weights, "weight_bytes": self.weight_bytes,
+            "real_weight_bytes": self.real_weight_bytes,
         }
 
 
@@ -88,9 +95,12 @@ def _pieces_without_scratch(root: Path) -> set[Path]:
     return {p.path for c in inventory.list_caches(root) for p in c.pieces if p.index and not p.has_scratch}
 
 
-def _record_plan(cfg: Config, device: str, has_builder: bool) -> tuple[bool, list[str]]:
+def _record_plan(cfg: Config, device: str, has_builder: bool, fake: bool = False) -> tuple[bool, list[str]]:
     mode = cfg.compilation_config.cudagraph_mode or CUDAGraphMode.NONE
     record = mode != CUDAGraphMode.NONE and not cfg.enforce_eager and bool(cfg.capture_sizes)
+    if record and fake:
+        return False, ["CUDA graphs are recorded by the serving process (they need real weights); the compiled "
+                       "pieces are cached"]
     if record and device != "cuda":
         return False, [f"CUDA graphs are not recorded on {device} (cudagraph_mode {mode.name} runs as NONE "
                        "here); the compiled pieces are cached"]
@@ -115,10 +125,11 @@ def run_warm(opts: WarmOptions, show_progress: bool = True) -> WarmReport:
     max_tokens = max([tokens, *sizes, *(cfg.capture_sizes or [])])
     before = compilation_counter.as_dict()
     bare = _pieces_without_scratch(root)
-    job = build_job(spec, cfg, opts.device, opts.layers, max_tokens)
-    record, notes = _record_plan(cfg, opts.device, job.builder is not None)
+    job = build_job(spec, cfg, opts.device, opts.layers, max_tokens, opts.fake_weights)
+    record, notes = _record_plan(cfg, opts.device, job.builder is not None, opts.fake_weights)
     recorded: list[int] = []
-    with torch.inference_mode(), Progress(1 + len(sizes) + int(record), show_progress) as progress:
+    with torch.inference_mode(), Progress(1 + len(sizes) + int(record), show_progress) as progress, \
+            _compiling_only(opts.fake_weights, job.description):
         progress.step(f"general shape ({tokens} tokens)", lambda: job.forward(tokens))
         for n in sizes:
             progress.step(f"size {n}", lambda n=n: job.forward(n))
@@ -135,7 +146,38 @@ def run_warm(opts: WarmOptions, show_progress: bool = True) -> WarmReport:
         seconds=time.perf_counter() - start, counters=counters,
         cudagraph_mode=(cc.cudagraph_mode or CUDAGraphMode.NONE).name,
         cudagraphs_recorded=recorded, notes=notes, caches=[_cache_summary(i) for i in infos], rebuilt=rebuilt,
+        fake_weights=opts.fake_weights, weight_bytes=job.weight_bytes or _tensor_bytes(job.model),
+        real_weight_bytes=_real_bytes(job.model),
     )
+
+
+@contextlib.contextmanager
+def _compiling_only(fake: bool, model: str) -> Iterator[None]:
+    """Fake weights: compile without running compiled code; a failure says why, as a WarmError."""
+    if not fake:
+        yield
+        return
+    from ..backends.compile_only import compile_only
+    from .warm_fake import explain_failure
+
+    try:
+        with compile_only():
+            yield
+    except WarmError:
+        raise
+    except Exception as exc:
+        raise explain_failure(exc, model) from exc
+
+
+def _tensor_bytes(model: Any) -> int:
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def _real_bytes(model: Any) -> int:
+    from .warm_fake import real_tensor_bytes
+
+    return real_tensor_bytes(model)
 
 
 def _record_graphs(job: Any, cfg: Config) -> list[int]:
@@ -173,3 +215,32 @@ def factors_now(base: dict[str, Any], cached: dict[str, Any]) -> dict[str, Any]:
     ops = cached.get("custom_ops") or {}
     return {**base, "code": code_factors(files), "custom_ops": custom_op_factors(ops),
             "graph": cached.get("graph")}
+
+
+# --- the Python API ------------------------------------------------------------------------
+
+
+def warm(model: str = "tiny", *, fake_weights: bool = False, level: Any = None, compile_sizes: Any = None,
+         capture_sizes: Any = None, cudagraph_mode: Any = None, device: str = "cpu", cache_dir: str = "",
+         config: Any = None, layers: Any = None, progress: bool = False) -> dict[str, Any]:
+    """`atom-compile-cache warm` from Python: the same options (a preset or "package.module:factory",
+    `config` a Config, a dict or JSON), the same report as `warm --json`.
+
+        atom_compile.warm("llama-3.2-1b", fake_weights=True, compile_sizes=[1, 2, 4, 8])
+    """
+    import json
+
+    from .warm_model import parse_sizes
+
+    if config is not None and not isinstance(config, str):
+        config = json.dumps(config.to_dict() if hasattr(config, "to_dict") else config, default=str)
+    opts = WarmOptions(
+        model=model, level=None if level is None else str(level),
+        compile_sizes=parse_sizes(None if compile_sizes is None else [str(s) for s in compile_sizes], True,
+                                  "compile_sizes"),
+        capture_sizes=parse_sizes(None if capture_sizes is None else [str(s) for s in capture_sizes], False,
+                                  "capture_sizes"),
+        cudagraph_mode=cudagraph_mode, device=device, cache_dir=str(cache_dir or ""), config=config,
+        layers=layers, fake_weights=fake_weights,
+    )
+    return run_warm(opts, show_progress=progress).as_dict()

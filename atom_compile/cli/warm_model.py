@@ -54,6 +54,7 @@ class WarmOptions:
     cache_dir: str = ""
     config: Optional[str] = None
     layers: Optional[int] = None
+    fake_weights: bool = False
 
 
 @dataclass
@@ -155,6 +156,8 @@ class Job:
     forward: Callable[[int], Any]
     description: str
     builder: Any = None  # the attention metadata builder (built-in protocol): CUDA graphs need it
+    fake_mode: Any = None  # the FakeTensorMode of a fake-weight build (cli/warm_fake.py)
+    weight_bytes: int = 0  # the bytes of the parameters and buffers (fake: what a real build takes)
 
 
 def import_factory(spec: ModelSpec) -> Callable:
@@ -199,7 +202,12 @@ def check_device(device: str) -> None:
         raise WarmError("--device cuda: no CUDA (or ROCm) device is available here; use --device cpu")
 
 
-def build_job(spec: ModelSpec, cfg: Config, device: str, layers: Optional[int], max_tokens: int) -> Job:
+def build_job(spec: ModelSpec, cfg: Config, device: str, layers: Optional[int], max_tokens: int,
+              fake_weights: bool = False) -> Job:
+    if fake_weights:
+        from .warm_fake import fake_job
+
+        return fake_job(spec, cfg, device, layers, max_tokens)
     if spec.preset is not None:
         return _builtin_job(spec, cfg, device, layers, max_tokens)
     if layers is not None:
@@ -219,21 +227,41 @@ def _builtin_job(spec: ModelSpec, cfg: Config, device: str, layers: Optional[int
     return _paged_job(model, desc, device, max_tokens)
 
 
-def _paged_job(model: Any, desc: str, device: str, max_tokens: int) -> Job:
+def _paged_job(model: Any, desc: str, device: str, max_tokens: int, fake_mode: Any = None) -> Job:
     """Drive a Llama-style model (paged KV cache, attention from the forward context) as
-    tests/support/_job.py does: padding rows only, so no real cache block is written."""
+    tests/support/_job.py does: padding rows only, so no real cache block is written. With a
+    `fake_mode` (fake weights) the KV cache and the inputs are fake as well. The forward runs
+    outside the mode: Dynamo traces fake tensors of another mode, not inside one."""
     from ..forward_context import set_forward_context
     from ..ops.attention import PagedAttentionMetadataBuilder
 
-    model.allocate_kv_cache(KV_BLOCKS, BLOCK_SIZE)
+    with _within(fake_mode):
+        model.allocate_kv_cache(KV_BLOCKS, BLOCK_SIZE)
     builder = PagedAttentionMetadataBuilder(max_tokens, max_tokens, 1, BLOCK_SIZE, device=device)
 
     def forward(n: int) -> Any:
         ids, pos, meta, ctx = builder.build_for_capture(n, 1)
         with set_forward_context(meta, None, ctx, no_compile_layers=model.no_compile_layers):
-            return model(ids, pos)
+            return model(*_faked((ids, pos), fake_mode))
 
-    return Job(model, forward, desc, builder)
+    return Job(model, forward, desc, builder, fake_mode)
+
+
+def _within(fake_mode: Any) -> Any:
+    import contextlib
+
+    return fake_mode if fake_mode is not None else contextlib.nullcontext()
+
+
+def _faked(args: tuple, fake_mode: Any) -> tuple:
+    """The arguments as fake tensors of `fake_mode` (None: as they are)."""
+    if fake_mode is None:
+        return args
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return tuple(fake_mode.from_tensor(a) if isinstance(a, torch.Tensor) and not isinstance(a, FakeTensor) else a
+                 for a in args)
 
 
 def _default_inputs(device: str) -> Callable[[int], tuple]:
@@ -245,10 +273,11 @@ def _default_inputs(device: str) -> Callable[[int], tuple]:
     return inputs
 
 
-def _factory_job(spec: ModelSpec, cfg: Config, device: str, max_tokens: int) -> Job:
+def call_factory(spec: ModelSpec, cfg: Config) -> tuple[Any, Optional[Callable[[int], tuple]]]:
+    """The factory's model and its example_inputs (None: the default inputs)."""
     import torch
 
-    from ..decorators import CompiledDispatcher, set_current_config
+    from ..decorators import set_current_config
 
     factory = import_factory(spec)
     with set_current_config(cfg):
@@ -260,10 +289,24 @@ def _factory_job(spec: ModelSpec, cfg: Config, device: str, max_tokens: int) -> 
     if not isinstance(model, torch.nn.Module):
         raise WarmError(f"model {spec.text!r}: the factory returned {type(model).__name__}; allowed: an "
                         "nn.Module, or (nn.Module, example_inputs(num_tokens))")
-    model = model.to(device).eval()
+    return model, inputs
+
+
+def _factory_job(spec: ModelSpec, cfg: Config, device: str, max_tokens: int) -> Job:
+    model, inputs = call_factory(spec, cfg)
+    return factory_forward(spec, model.to(device).eval(), inputs, cfg, device, max_tokens)
+
+
+def factory_forward(spec: ModelSpec, model: Any, inputs: Optional[Callable[[int], tuple]], cfg: Config,
+                    device: str, max_tokens: int, fake_mode: Any = None) -> Job:
+    """The job of a factory's model, already on `device`."""
+    import torch
+
+    from ..decorators import CompiledDispatcher
+
     desc = f"{spec.text} ({type(model).__qualname__})"
     if inputs is None and hasattr(model, "no_compile_layers") and hasattr(model, "allocate_kv_cache"):
-        return _paged_job(model, desc, device, max_tokens)
+        return _paged_job(model, desc, device, max_tokens, fake_mode)
     inputs = inputs or _default_inputs(device)
     decorated = any(isinstance(m, CompiledDispatcher) for m in model.modules())
     fn = model
@@ -274,12 +317,13 @@ def _factory_job(spec: ModelSpec, cfg: Config, device: str, max_tokens: int) -> 
 
     def forward(n: int) -> Any:
         args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in inputs(n))
+        args = _faked(args, fake_mode)
         if fn is not model:
             for a in args:
                 if isinstance(a, torch.Tensor) and a.dim() > 0:
                     torch._dynamo.mark_dynamic(a, 0)
         return fn(*args)
 
-    return Job(model, forward, desc)
+    return Job(model, forward, desc, None, fake_mode)
 
 
