@@ -24,6 +24,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, required=True)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--preset", default="")
+    ap.add_argument("--every-layer", action="store_true",
+                    help="trace every layer (CompilationConfig.trace_layers_once=False): the path before 0.x")
     args = ap.parse_args()
 
     import torch
@@ -40,7 +42,7 @@ def main() -> None:
     # compound over 32 random layers past any honest tolerance
     dtype = torch.float32
     llama = preset(name, num_layers=args.layers)
-    cfg = ac.Config(max_num_seqs=8, compilation_config=ac.CompilationConfig(level=3))
+    cfg = ac.Config(max_num_seqs=8, compilation_config=ac.CompilationConfig(level=3, trace_layers_once=not args.every_layer))
     model = build_model(llama, compilation_config=cfg if args.arm == "atom" else ac.Config(),
                         dtype=dtype, device=args.device)
     model.allocate_kv_cache(16, 16)
@@ -70,6 +72,7 @@ def main() -> None:
         "artifacts_loaded": counters["num_compiled_artifacts_loaded"],
         "dynamo_functions_loaded": counters["num_dynamo_functions_loaded"],
         "graphs_seen": counters["num_graphs_seen"],
+        "regions_inlined": counters["num_regions_inlined"],
         "torch": torch.__version__,
     }))
 

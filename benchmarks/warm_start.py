@@ -22,11 +22,11 @@ from pathlib import Path
 HERE = Path(__file__).parent
 
 
-def start(arm: str, layers: int, device: str, cache_root: str, inductor_dir: str) -> dict:
+def start(arm: str, layers: int, device: str, cache_root: str, inductor_dir: str, extra: tuple = ()) -> dict:
     env = dict(os.environ, ATOM_COMPILE_CACHE_ROOT=cache_root, TORCHINDUCTOR_CACHE_DIR=inductor_dir,
                TRITON_CACHE_DIR=os.path.join(inductor_dir, "triton"), PYTHONUNBUFFERED="1")
     proc = subprocess.run([sys.executable, str(HERE / "_startup.py"), "--arm", arm, "--layers", str(layers),
-                           "--device", device], capture_output=True, text=True, env=env, timeout=3000)
+                           "--device", device, *extra], capture_output=True, text=True, env=env, timeout=3000)
     if proc.returncode != 0:
         raise SystemExit(f"{arm} ({layers} layers) failed:\n{proc.stderr[-3000:]}")
     report = json.loads(proc.stdout.strip().splitlines()[-1])

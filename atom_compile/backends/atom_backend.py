@@ -33,7 +33,7 @@ from ..config import (
 )
 from ..counters import compilation_counter
 from ..errors import CacheMiss, GraphBreakError
-from . import compiled_function, floats, strict, unsupported
+from . import compiled_function, floats, regions, strict, unsupported
 from .inductor import make_compiler
 from .custom_passes import compiler_config
 from .manager import CompilerManager
@@ -215,6 +215,10 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], cc: Compilation
         logger.info("atom-compile: level %d: the graph runs as Dynamo traced it", int(cc.level))
         return CompileResult(gm.forward, time.perf_counter() - start, traced_files)
 
+    inlined = regions.inline_invoke_subgraphs(gm)
+    if inlined:
+        compilation_counter.num_regions_inlined += inlined
+        logger.info("atom-compile: %s: %d nested compile region calls inlined", prefix, inlined)
     compiler = make_compiler(cc)
     traced = traced_values(gm, example_inputs)
     copies = cc.cudagraph_copy_inputs and effective_cudagraph_mode(cc) != CUDAGraphMode.NONE

@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from ..custom_ops import direct_register_custom_op, existing_schema
+from ..custom_ops import _library, direct_register_custom_op, existing_schema
 from ..errors import AtomRuntimeError, AtomValueError
 from ..forward_context import Context, get_forward_context
 from .triton_present import triton_available
@@ -27,6 +27,10 @@ from .triton_present import triton_available
 logger = logging.getLogger("atom_compile")
 
 OP_NAME = "unified_attention_with_output"
+# The same attention, handed the layer's KV cache and scale instead of its name: no per-layer
+# constant in the graph, so repeated layers trace to one body (layer_regions.py).
+KV_NAMESPACE = "atom"
+KV_OP_NAME = "paged_attention_with_output"
 
 
 @dataclass
@@ -144,7 +148,32 @@ def unified_attention_with_output(
     paged_attention(query, key, value, output, kv_cache, meta, layer.scale)
 
 
+def paged_attention_with_output(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, output: torch.Tensor,
+    kv_cache: torch.Tensor, scale: float,
+) -> None:
+    """Attention over `kv_cache` (the layer's own cache, an input of the graph) with the step's
+    metadata from the forward context; writes into `output`. The cache is written in place
+    outside the graph's view, as the by-name op writes the cache it looks up."""
+    meta = get_forward_context().attn_metadata
+    if meta is None or isinstance(meta, dict):
+        raise AtomRuntimeError(
+            f"atom::{KV_OP_NAME} needs the step's attention metadata (one PagedAttentionMetadata for every "
+            f"layer) in the forward context; got {type(meta).__name__}. Per-layer metadata (a dict by layer "
+            f"name) needs aiter::{OP_NAME}, which finds its layer by name"
+        )
+    paged_attention(query, key, value, output, kv_cache, meta, scale)
+
+
+def kv_cache_op_available() -> bool:
+    """True where `atom::paged_attention_with_output` runs the same kernel as the by-name op
+    (ours, not a real aiter's): a model may then hand attention its cache instead of its name."""
+    return _is_ours()
+
+
 def _register() -> None:
+    direct_register_custom_op(KV_OP_NAME, paged_attention_with_output, mutates_args=["output"],
+                              splitting=True, eager_region=True, target_lib=_library(KV_NAMESPACE))
     # A real aiter wins: register ours only when no op of that name exists.
     if existing_schema(f"aiter::{OP_NAME}") is not None and not _is_ours():
         logger.info("atom-compile: aiter::%s exists already; the reference op is not registered", OP_NAME)
