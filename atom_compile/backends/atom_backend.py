@@ -238,7 +238,8 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], cc: Compilation
         manager.on_commit = lambda: tier.publish(cache)
     if cc.require_cache or environment.require_cache:
         manager.before_compile = _strict_check(environment, prefix, factors, cache_hash, cache, bool(manager.entries))
-    _dump(cc, prefix, "traced_graph.py", gm.print_readable(print_output=False))
+    if cc.debug_dump_path:  # printing a deep graph costs ~1 s: only for a dump
+        _dump(cc, prefix, "traced_graph.py", gm.print_readable(print_output=False))
 
     floats.fold_constant_scalars(gm)
     split_gm, items = split_graph(gm, splitting_ops_for(cc))
@@ -320,7 +321,7 @@ def _write_graphs(cc: CompilationConfig, prefix: str, cache: Optional[PieceCache
     if cache is not None:
         cache.write_text("computation_graph.py", code)
     _dump(cc, prefix, "computation_graph.py", code)
-    for item in items:
+    for item in items if cc.debug_dump_path else ():
         _dump(cc, prefix, f"{item.submod_name}.py", item.graph.print_readable(print_output=False))
 
 
