@@ -29,6 +29,7 @@ import torch
 from . import envs, layer_regions
 from .backends import aot, strict
 from .backends.atom_backend import AtomBackend, remote_tier
+from .backends.regions import RegionInlineError
 from .config import CompilationConfig, CompilationLevel, Config, as_compilation_config
 from .counters import compilation_counter
 from .errors import (AtomCompileError, AtomTypeError, AtomValueError, BufferMutationError, CacheRequired,
@@ -247,7 +248,7 @@ class CompiledDispatcher:
             except Exception as exc:
                 if isinstance(exc, (BufferMutationError, RecompileError, CacheRequired)):
                     raise
-                if marked and _atom_error_in(exc) is None:
+                if marked and isinstance(_atom_error_in(exc), (type(None), RegionInlineError)):
                     compilation_counter.num_region_fallbacks += 1
                     logger.info("atom-compile: %s: tracing its %d alike layers once failed (%s: %s); "
                                 "tracing every layer", cls.__qualname__, marked, type(exc).__name__, str(exc)[:200])

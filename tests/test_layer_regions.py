@@ -112,19 +112,20 @@ class Stack(nn.Module):
         return x
 
 
-def _run(layers: list[nn.Module], trace_layers_once: bool = True, **expect: int) -> None:
+def _run(layers: list[nn.Module], trace_layers_once: bool = True, graphs: int = 1, **expect: int) -> None:
     torch.manual_seed(0)
     cfg = Config(compilation_config=CompilationConfig(level=3, compiler="eager", trace_layers_once=trace_layers_once))
     model = Stack(layers, compilation_config=cfg)
     x = torch.randn(4, 8)
-    with torch.no_grad(), compilation_counter.expect(num_graphs_seen=1, **expect):
+    with torch.no_grad(), compilation_counter.expect(num_graphs_seen=graphs, **expect):
         got = model(x.clone())
     torch.testing.assert_close(got, Stack.forward(model, x.clone()), rtol=0, atol=0)
     # the marks were for the trace only: every layer has its own class again
     assert [type(layer) for layer in model.layers] == [type(layer) for layer in layers]
 
 
-@pytest.mark.parametrize("case", ["not alike", "per-layer constant", "cannot be a region", "opt-out"])
+@pytest.mark.parametrize("case", ["not alike", "per-layer constant", "cannot be a region", "cannot be inlined",
+                                  "opt-out"])
 def test_where_the_region_does_not_apply_every_layer_is_traced(case, monkeypatch):
     seen = _spy_bodies(monkeypatch)
     if case == "not alike":  # two classes (and widths) in one list: no region at all
@@ -137,6 +138,14 @@ def test_where_the_region_does_not_apply_every_layer_is_traced(case, monkeypatch
         assert seen == [(0, 0)]
     elif case == "cannot be a region":  # Dynamo refuses the region: traced again without
         _run([Passthrough() for _ in range(3)], num_regions_inlined=0, num_region_fallbacks=1)
+    elif case == "cannot be inlined":  # the backend fails on the region's graph: traced again without
+
+        def broken(gm, node):
+            raise KeyError("a body this backend cannot copy")
+
+        monkeypatch.setattr(regions, "_inline_one", broken)
+        _run([Block() for _ in range(3)], graphs=2, num_regions_inlined=0, num_region_fallbacks=1)
+        assert seen == [(3, 1), (0, 0)]
     else:
         _run([Block() for _ in range(3)], False, num_regions_inlined=0, num_region_fallbacks=0)
         assert seen == [(0, 0)]

@@ -19,6 +19,13 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from ..errors import AtomCompileError
+
+
+class RegionInlineError(AtomCompileError, RuntimeError):
+    """An `invoke_subgraph` call the backend could not inline (the decorator then traces again
+    without regions)."""
+
 
 def _invoke_subgraph_op() -> Any:
     return getattr(torch.ops.higher_order, "invoke_subgraph", None)
@@ -57,7 +64,7 @@ def _inline_one(gm: fx.GraphModule, node: fx.Node) -> None:
     env: dict[fx.Node, Any] = {}
     placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(operands):
-        raise RuntimeError(f"invoke_subgraph {node.name}: {len(operands)} operands for "
+        raise RegionInlineError(f"invoke_subgraph {node.name}: {len(operands)} operands for "
                            f"{len(placeholders)} placeholders of its body")
     env.update(zip(placeholders, operands))
     outputs: Any = None
@@ -84,7 +91,7 @@ def _replace_uses(node: fx.Node, outputs: Any) -> None:
             user.replace_all_uses_with(outputs[user.args[1]])
             user.graph.erase_node(user)
         else:
-            raise RuntimeError(f"invoke_subgraph {node.name} is read by {user.format_node()}, not by getitem")
+            raise RegionInlineError(f"invoke_subgraph {node.name} is read by {user.format_node()}, not by getitem")
     node.graph.erase_node(node)
 
 
@@ -97,7 +104,13 @@ def inline_invoke_subgraphs(gm: fx.GraphModule) -> int:
         if not calls:
             break
         for node in calls:
-            _inline_one(gm, node)
+            try:
+                _inline_one(gm, node)
+            except RegionInlineError:
+                raise
+            except Exception as exc:  # a body this code does not know how to copy
+                raise RegionInlineError(f"cannot inline invoke_subgraph {node.name}: "
+                                        f"{type(exc).__name__}: {exc}") from exc
             inlined += 1
     if not inlined:
         return 0
