@@ -92,6 +92,9 @@ class CompilationConfig:
     # Strict mode: a compile at run time is an error (CacheRequired), as ATOM_COMPILE_REQUIRE_CACHE=1.
     # Changes no compiled code, so never part of the hash.
     require_cache: bool = False
+    # Trace the alike layers of a ModuleList once (torch's nested_compile_region, torch >= 2.9;
+    # the decorator's path): the same computation, traced faster. Never part of the hash.
+    trace_layers_once: bool = True
     # Layers that run outside the compiled graph, by name (filled while the model is built;
     # the forward context hands it to the attention op). Never part of the hash.
     static_forward_context: dict = field(default_factory=dict, repr=False, compare=False)
@@ -106,6 +109,7 @@ class CompilationConfig:
         self.require_cache = _check_bool("CompilationConfig.require_cache", self.require_cache)
         self.use_inductor_graph_partition = _check_bool(
             "CompilationConfig.use_inductor_graph_partition", self.use_inductor_graph_partition)
+        self.trace_layers_once = _check_bool("CompilationConfig.trace_layers_once", self.trace_layers_once)
         if self.cudagraph_mode is not None:
             self.cudagraph_mode = CUDAGraphMode.parse(
                 self.cudagraph_mode, "CompilationConfig.cudagraph_mode"

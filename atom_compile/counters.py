@@ -43,6 +43,10 @@ class CompilationCounter:
     # whole Dynamo functions saved / loaded (the warm start that skips Dynamo)
     num_dynamo_functions_saved: int = 0
     num_dynamo_functions_loaded: int = 0
+    # invoke_subgraph calls (layers traced once as a nested compile region) inlined by the backend
+    num_regions_inlined: int = 0
+    # traces retried without nested compile regions (the region did not apply)
+    num_region_fallbacks: int = 0
     num_cudagraph_captured: int = 0
     num_cudagraph_replayed: int = 0
     # Triton JIT compiles and Inductor autotunes after mark_warmed_up() (ops/jit_watch.py)

@@ -26,12 +26,14 @@ from typing import Any, Callable, Iterator, Optional, Union
 
 import torch
 
-from . import envs
+from . import envs, layer_regions
 from .backends import aot, strict
 from .backends.atom_backend import AtomBackend, remote_tier
+from .backends.regions import RegionInlineError
 from .config import CompilationConfig, CompilationLevel, Config, as_compilation_config
 from .counters import compilation_counter
-from .errors import AtomTypeError, AtomValueError, BufferMutationError, RecompileError
+from .errors import (AtomCompileError, AtomTypeError, AtomValueError, BufferMutationError, CacheRequired,
+                     RecompileError)
 
 logger = logging.getLogger("atom_compile")
 
@@ -211,32 +213,52 @@ class CompiledDispatcher:
                 return self._atom_start_dispatch(fn, args, kwargs)
             if required:
                 strict.refuse(f"{cls.__qualname__}: the forward (Dynamo's trace, then its pieces)", missed)
+            compiled, backend = self._atom_aot_compile(args, kwargs, prefix)
+            if compiled is not None:
+                fn = compiled.fn
+                _check_code(fn.__code__, cls)
+                aot.save(compiled, backend.result, cc, compiler_factors, device_type, prefix, self, args)
+                self._atom_backend = backend
+                return self._atom_start_dispatch(fn, args, kwargs)
+        return self._atom_compile_with_hook(args, kwargs, prefix)
+
+    def _atom_aot_compile(self, args: tuple, kwargs: dict, prefix: str) -> tuple[Any, AtomBackend]:
+        """aot_compile the forward, the alike layers of its ModuleLists traced once where torch
+        and the model allow (layer_regions.py); a trace that fails with them is retried without.
+        Returns (None, backend) where torch cannot pre-compile (the caller uses torch.compile)."""
+        cls = type(self)
+        cc = self._atom_cc
+        with_regions = cc.trace_layers_once
+        while True:
             backend = AtomBackend(self.atom_config if self.atom_config is not None else cc, prefix,
                                   extra_traced_files=[inspect.getfile(cls)], serializable=True,
                                   environment=self._atom_env)
             # torch.compile(...).aot_compile exists only while Dynamo's enable_aot_compile is on
             # (off by default before torch 2.12).
             with torch._dynamo.config.patch(enable_aot_compile=True):
-                optimized = torch.compile(
-                    cls.forward, fullgraph=True, backend=backend,
-                    options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe},
-                )
-            if hasattr(optimized, "aot_compile"):
-                try:
-                    with torch._dynamo.config.patch(enable_aot_compile=True):
-                        compiled = optimized.aot_compile(((self, *args), kwargs))
-                except Exception as exc:
-                    if not backend.compiled or isinstance(exc, (BufferMutationError, RecompileError)):
-                        raise
-                    logger.info("atom-compile: torch could not pre-compile %s (%s: %s); using torch.compile",
-                                cls.__qualname__, type(exc).__name__, str(exc)[:200])
-                else:
-                    fn = compiled.fn
-                    _check_code(fn.__code__, cls)
-                    aot.save(compiled, backend.result, cc, compiler_factors, device_type, prefix, self, args)
-                    self._atom_backend = backend
-                    return self._atom_start_dispatch(fn, args, kwargs)
-        return self._atom_compile_with_hook(args, kwargs, prefix)
+                optimized = torch.compile(cls.forward, fullgraph=True, backend=backend,
+                                          options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe})
+            if not hasattr(optimized, "aot_compile"):
+                return None, backend
+            marked = 0
+            try:
+                with torch._dynamo.config.patch(enable_aot_compile=True), \
+                        layer_regions.applied(self, with_regions) as marked:
+                    return optimized.aot_compile(((self, *args), kwargs)), backend
+            except Exception as exc:
+                if isinstance(exc, (BufferMutationError, RecompileError, CacheRequired)):
+                    raise
+                if marked and isinstance(_atom_error_in(exc), (type(None), RegionInlineError)):
+                    compilation_counter.num_region_fallbacks += 1
+                    logger.info("atom-compile: %s: tracing its %d alike layers once failed (%s: %s); "
+                                "tracing every layer", cls.__qualname__, marked, type(exc).__name__, str(exc)[:200])
+                    with_regions = False
+                    continue
+                if not backend.compiled:
+                    raise
+                logger.info("atom-compile: torch could not pre-compile %s (%s: %s); using torch.compile",
+                            cls.__qualname__, type(exc).__name__, str(exc)[:200])
+                return None, backend
 
     def _atom_compile_with_hook(self, args: tuple, kwargs: dict, prefix: str) -> Any:
         """torch.compile, keeping the bytecode Dynamo produced for forward (older torch)."""
@@ -274,6 +296,18 @@ class CompiledDispatcher:
         self._atom_dispatch = fn
         self._atom_checks = _input_checks(args) if self._atom_env.check_inputs else ()
         return fn(self, *args, **kwargs)
+
+
+def _atom_error_in(exc: BaseException) -> Optional[BaseException]:
+    """Our own error behind `exc` (Dynamo wraps what a backend raises), or None."""
+    seen: set[int] = set()
+    current: Optional[BaseException] = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, AtomCompileError):
+            return current
+        seen.add(id(current))
+        current = getattr(current, "inner_exception", None) or current.__cause__
+    return None
 
 
 def _compiler_factors(cc: CompilationConfig) -> Optional[dict]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import inspect
 import io
 import pstats
 import statistics
@@ -68,11 +67,14 @@ def parts(model, batch: int) -> dict:
     rec = next(iter(token_graph_of(model).recordings.values()))
     region = rec.regions[0]
     from atom_compile.forward_context import get_forward_context
-    from atom_compile.ops.attention import unified_attention_with_output
 
-    bound = inspect.signature(unified_attention_with_output).bind(*region.args, **region.kwargs).arguments
-    query, key, value, output = (bound[k] for k in ("query", "key", "value", "output"))
-    layer = model.no_compile_layers[bound["layer_name"]]
+    args = list(region.args) + list(region.kwargs.values())
+    query, key, value, output = args[:4]
+    if isinstance(args[4], str):  # aiter::unified_attention_with_output(..., layer_name)
+        layer = model.no_compile_layers[args[4]]
+        kv_cache, scale = layer.kv_cache, layer.scale
+    else:  # atom::paged_attention_with_output(..., kv_cache, scale)
+        kv_cache, scale = args[4], args[5]
 
     meta = get_forward_context().attn_metadata
     return {
@@ -80,9 +82,9 @@ def parts(model, batch: int) -> dict:
         "segment replay": host_us(rec.segments[1].replay, 200),
         "eager region (the op)": host_us(lambda: region.fn(*region.args, **region.kwargs), 200),
         "eager region (bound replay)": host_us(region.replay, 200) if region.replay is not None else float("nan"),
-        "  KV write launch": host_us(lambda: ta.triton_write_kv(key, value, layer.kv_cache, meta.slot_mapping), 200),
+        "  KV write launch": host_us(lambda: ta.triton_write_kv(key, value, kv_cache, meta.slot_mapping), 200),
         "  attention launch(es)": host_us(lambda: ta.triton_paged_attention(
-            query, layer.kv_cache[0], layer.kv_cache[1], output, meta, layer.scale), 200),
+            query, kv_cache[0], kv_cache[1], output, meta, scale), 200),
         "  get_forward_context": host_us(get_forward_context, 2000),
         "  torch.empty (small)": host_us(lambda: torch.empty((batch, 32, 4, 64), device="cuda"), 2000),
     }

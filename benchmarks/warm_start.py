@@ -34,9 +34,10 @@ def _env(cache_root: str, inductor_dir: str) -> dict:
                 TRITON_CACHE_DIR=os.path.join(inductor_dir, "triton"), PYTHONUNBUFFERED="1")
 
 
-def start(arm: str, layers: int, device: str, cache_root: str, inductor_dir: str, preset: str = "") -> dict:
+def start(arm: str, layers: int, device: str, cache_root: str, inductor_dir: str, preset: str = "",
+          extra: tuple = ()) -> dict:
     env = _env(cache_root, inductor_dir)
-    extra = ["--preset", preset] if preset else []
+    extra = (*(["--preset", preset] if preset else []), *extra)
     proc = subprocess.run([sys.executable, str(HERE / "_startup.py"), "--arm", arm, "--layers", str(layers),
                            "--device", device, *extra], capture_output=True, text=True, env=env, timeout=3000)
     if proc.returncode != 0:

@@ -33,7 +33,7 @@ from ..config import (
 )
 from ..counters import compilation_counter
 from ..errors import CacheMiss, GraphBreakError
-from . import compile_only, compiled_function, floats, graph_partition, strict, unsupported
+from . import compile_only, compiled_function, floats, graph_partition, regions, strict, unsupported
 from .inductor import make_compiler
 from .custom_passes import compiler_config
 from .manager import CompilerManager
@@ -215,6 +215,10 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], cc: Compilation
         logger.info("atom-compile: level %d: the graph runs as Dynamo traced it", int(cc.level))
         return CompileResult(gm.forward, time.perf_counter() - start, traced_files)
 
+    inlined = regions.inline_invoke_subgraphs(gm)
+    if inlined:
+        compilation_counter.num_regions_inlined += inlined
+        logger.info("atom-compile: %s: %d nested compile region calls inlined", prefix, inlined)
     compiler = make_compiler(cc)
     traced = traced_values(gm, example_inputs)
     if compile_only.active():
@@ -238,7 +242,8 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], cc: Compilation
         manager.on_commit = lambda: tier.publish(cache)
     if cc.require_cache or environment.require_cache:
         manager.before_compile = _strict_check(environment, prefix, factors, cache_hash, cache, bool(manager.entries))
-    _dump(cc, prefix, "traced_graph.py", gm.print_readable(print_output=False))
+    if cc.debug_dump_path:  # printing a deep graph costs ~1 s: only for a dump
+        _dump(cc, prefix, "traced_graph.py", gm.print_readable(print_output=False))
 
     floats.fold_constant_scalars(gm)
     split_gm, items = _split(gm, cc)
@@ -332,7 +337,7 @@ def _write_graphs(cc: CompilationConfig, prefix: str, cache: Optional[PieceCache
     if cache is not None:
         cache.write_text("computation_graph.py", code)
     _dump(cc, prefix, "computation_graph.py", code)
-    for item in items:
+    for item in items if cc.debug_dump_path else ():
         _dump(cc, prefix, f"{item.submod_name}.py", item.graph.print_readable(print_output=False))
 
 

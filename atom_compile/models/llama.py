@@ -113,7 +113,11 @@ class Attention(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         q, k = self.rotary(positions, q, k)
         out = torch.empty_like(q)
-        torch.ops.aiter.unified_attention_with_output(q, k, v, out, self.layer_name)
+        if self.kv_cache is not None and _attention.kv_cache_op_available():
+            # the cache, not the name: every layer traces to the same graph (layer_regions.py)
+            torch.ops.atom.paged_attention_with_output(q, k, v, out, self.kv_cache, self.scale)
+        else:
+            torch.ops.aiter.unified_attention_with_output(q, k, v, out, self.layer_name)
         return self.o_proj(out.view(-1, q_size))
 
 
@@ -209,8 +213,17 @@ class LlamaForCausalLM(nn.Module):
         last block takes the writes of padding rows."""
         p = self.lm_head.weight
         for layer in self.no_compile_layers.values():
-            layer.kv_cache = torch.zeros(2, num_blocks + 1, block_size, self.cfg.num_kv_heads, self.cfg.head_dim,
-                                         dtype=p.dtype, device=p.device)
+            layer.kv_cache = kv_cache_tensor(2, num_blocks + 1, block_size, self.cfg.num_kv_heads, self.cfg.head_dim,
+                                             dtype=p.dtype, device=p.device)
+
+
+def kv_cache_tensor(*shape: int, dtype: torch.dtype, device: Any) -> torch.Tensor:
+    """A zeroed KV cache whose block count (dim 1) a trace keeps symbolic: the cache enters the
+    graph as an input of the attention op, and a cache of another size (the block count follows
+    free memory) must neither change the cache key nor miss the compiled code."""
+    cache = torch.zeros(*shape, dtype=dtype, device=device)
+    torch._dynamo.maybe_mark_dynamic(cache, 1)
+    return cache
 
 
 def build_model(

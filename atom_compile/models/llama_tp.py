@@ -22,7 +22,7 @@ from torch import nn
 from ..decorators import get_current_config, support_torch_compile
 from ..errors import AtomValueError
 from ..runtime.graphs import token_graph
-from .llama import Attention, LlamaConfig, LlamaForCausalLM, RMSNorm, RotaryEmbedding
+from .llama import Attention, LlamaConfig, LlamaForCausalLM, RMSNorm, RotaryEmbedding, kv_cache_tensor
 
 
 def _split(n: int, world: int, what: str) -> int:
@@ -165,8 +165,8 @@ class TPLlamaForCausalLM(nn.Module):
         """One cache per layer for this rank's KV heads (see LlamaForCausalLM.allocate_kv_cache)."""
         p = self.lm_head.weight
         for layer in self.no_compile_layers.values():
-            layer.kv_cache = torch.zeros(2, num_blocks + 1, block_size, layer.num_kv_heads, layer.head_dim,
-                                         dtype=p.dtype, device=p.device)
+            layer.kv_cache = kv_cache_tensor(2, num_blocks + 1, block_size, layer.num_kv_heads, layer.head_dim,
+                                             dtype=p.dtype, device=p.device)
 
 
 def _column(weight: torch.Tensor, sizes: list[int], world: int, rank: int) -> torch.Tensor:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from ..custom_ops import direct_register_custom_op, existing_schema
+from ..custom_ops import _library, direct_register_custom_op, existing_schema
 from ..errors import AtomRuntimeError, AtomValueError
 from ..forward_context import Context, get_forward_context
 from .triton_present import triton_available
@@ -27,6 +27,10 @@ from .triton_present import triton_available
 logger = logging.getLogger("atom_compile")
 
 OP_NAME = "unified_attention_with_output"
+# The same attention, handed the layer's KV cache and scale instead of its name: no per-layer
+# constant in the graph, so repeated layers trace to one body (layer_regions.py).
+KV_NAMESPACE = "atom"
+KV_OP_NAME = "paged_attention_with_output"
 
 
 @dataclass
@@ -151,13 +155,28 @@ def unified_attention_with_output(
     paged_attention(query, key, value, output, kv_cache, meta, layer.scale)
 
 
-def _reads(layer: Any, meta: PagedAttentionMetadata, kv_cache: torch.Tensor) -> tuple:
-    """What a bound attention baked in from the forward context: addresses, the layout the
-    launches were planned for, the scale. The builder keeps its buffers, so steps agree."""
+def _meta_reads(meta: Any) -> Optional[tuple]:
+    """What a bound attention baked in from the step's metadata: addresses and the layout the
+    launches were planned for (None for anything but one PagedAttentionMetadata). The builder
+    keeps its buffers, so the steps of a recording agree."""
+    if not isinstance(meta, PagedAttentionMetadata):
+        return None
     tables = meta.block_tables
-    return (kv_cache.data_ptr(), kv_cache.shape, kv_cache.dtype, layer.scale, meta.slot_mapping.data_ptr(),
-            meta.query_positions.data_ptr(), meta.token_seq.data_ptr(), tables.data_ptr(), tables.stride(0),
-            tables.shape[1])
+    return (meta.slot_mapping.data_ptr(), meta.query_positions.data_ptr(), meta.token_seq.data_ptr(),
+            tables.data_ptr(), tables.stride(0), tables.shape[1])
+
+
+def _bound_launches(query, key, value, output, kv_cache, meta, scale) -> Optional[tuple]:
+    """The KV write and the attention on these exact tensors as bound Triton launches (each run
+    once now), or None off CUDA/Triton or where they cannot be bound."""
+    kernels = _triton_kernels() if query.is_cuda else None
+    if kernels is None:
+        return None
+    if meta.query_positions.shape[0] != query.shape[0]:
+        meta = _rows_view(meta, query.shape[0])
+    write = kernels.bind_write_kv(key, value, kv_cache, meta.slot_mapping)
+    attend = kernels.bind_paged_attention(query, kv_cache[0], kv_cache[1], output, meta, scale)
+    return None if write is None or attend is None else (write, *attend)
 
 
 def bind_unified_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, output: torch.Tensor,
@@ -165,21 +184,18 @@ def bind_unified_attention(query: torch.Tensor, key: torch.Tensor, value: torch.
     """The op on a token graph's recorded tensors as three bound Triton launches (an eager
     region's replay then costs a check of what it reads plus the launches, not the op's Python),
     or None off CUDA/Triton. A replay whose forward context no longer matches runs the op."""
-    kernels = _triton_kernels() if query.is_cuda else None
-    if kernels is None:
-        return None
     layer, meta, kv_cache = _resolve(layer_name)
-    if meta.query_positions.shape[0] != query.shape[0]:
-        meta = _rows_view(meta, query.shape[0])
-    write = kernels.bind_write_kv(key, value, kv_cache, meta.slot_mapping)
-    attend = kernels.bind_paged_attention(query, kv_cache[0], kv_cache[1], output, meta, layer.scale)
-    if write is None or attend is None:
+    launches = _bound_launches(query, key, value, output, kv_cache, meta, layer.scale)
+    if launches is None:
         return None
-    launches = (write, *attend)
-    expected = _reads(layer, meta, kv_cache)
+
+    def reads(layer: Any, meta: Any, kv_cache: torch.Tensor) -> tuple:
+        return (kv_cache.data_ptr(), kv_cache.shape, kv_cache.dtype, layer.scale, _meta_reads(meta))
+
+    expected = reads(layer, meta, kv_cache)
 
     def replay() -> None:
-        if _reads(*_resolve(layer_name)) != expected:
+        if reads(*_resolve(layer_name)) != expected:
             unified_attention_with_output(query, key, value, output, layer_name)
             return
         for launch in launches:
@@ -188,7 +204,56 @@ def bind_unified_attention(query: torch.Tensor, key: torch.Tensor, value: torch.
     return replay
 
 
+def bind_paged_attention_with_output(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                     output: torch.Tensor, kv_cache: torch.Tensor,
+                                     scale: float) -> Optional[Callable[[], None]]:
+    """`atom::paged_attention_with_output` bound as `bind_unified_attention` binds the by-name
+    op; the cache and scale are its own arguments, so only the step's metadata is checked."""
+    meta = get_forward_context().attn_metadata
+    if not isinstance(meta, PagedAttentionMetadata):
+        return None
+    launches = _bound_launches(query, key, value, output, kv_cache, meta, scale)
+    if launches is None:
+        return None
+    expected = _meta_reads(meta)
+
+    def replay() -> None:
+        if _meta_reads(get_forward_context().attn_metadata) != expected:
+            paged_attention_with_output(query, key, value, output, kv_cache, scale)
+            return
+        for launch in launches:
+            launch()
+
+    return replay
+
+
+def paged_attention_with_output(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, output: torch.Tensor,
+    kv_cache: torch.Tensor, scale: float,
+) -> None:
+    """Attention over `kv_cache` (the layer's own cache, an input of the graph) with the step's
+    metadata from the forward context; writes into `output`. The cache is written in place
+    outside the graph's view, as the by-name op writes the cache it looks up."""
+    meta = get_forward_context().attn_metadata
+    if meta is None or isinstance(meta, dict):
+        raise AtomRuntimeError(
+            f"atom::{KV_OP_NAME} needs the step's attention metadata (one PagedAttentionMetadata for every "
+            f"layer) in the forward context; got {type(meta).__name__}. Per-layer metadata (a dict by layer "
+            f"name) needs aiter::{OP_NAME}, which finds its layer by name"
+        )
+    paged_attention(query, key, value, output, kv_cache, meta, scale)
+
+
+def kv_cache_op_available() -> bool:
+    """True where `atom::paged_attention_with_output` runs the same kernel as the by-name op
+    (ours, not a real aiter's): a model may then hand attention its cache instead of its name."""
+    return _is_ours()
+
+
 def _register() -> None:
+    direct_register_custom_op(KV_OP_NAME, paged_attention_with_output, mutates_args=["output"],
+                              splitting=True, eager_region=True, target_lib=_library(KV_NAMESPACE),
+                              bind_region=bind_paged_attention_with_output)
     # A real aiter wins: register ours only when no op of that name exists.
     if existing_schema(f"aiter::{OP_NAME}") is not None and not _is_ours():
         logger.info("atom-compile: aiter::%s exists already; the reference op is not registered", OP_NAME)

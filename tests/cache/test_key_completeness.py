@@ -42,6 +42,7 @@ CONFIG_FIELDS = {
     "debug_dump_path": ("/elsewhere/dump", False),
     "cache_dir": ("/elsewhere/cache", False),
     "require_cache": (True, False),
+    "trace_layers_once": (False, False),
     "remote_cache": ("file:///nonexistent/atom-remote", False),
     "compile_ranges": ([[2, 8]], True),
     "inductor_passes": (["tests.cache.test_key_completeness:_noop_pass"], True),
