@@ -45,6 +45,7 @@ class SharedPieces:
         self.timeout = timeout
         self.path = cache.hash_path / SHARED_DIR / cache.path.name
         self.ready = False
+        self.peer_warned = False  # a peer's failure was already named (the group's barrier)
 
     def _dirs(self) -> bool:
         if not self.ready:
@@ -74,9 +75,10 @@ class SharedPieces:
         try:
             lock.acquire()
         except filelock.Timeout:
-            warn_once(f"peer-timeout:{self.path}", "atom-compile: a peer has been compiling piece %s... for "
-                      "more than %.0fs (ATOM_COMPILE_PEER_TIMEOUT); compiling it on rank %d instead.",
-                      name[:12], self.timeout, self.rank)
+            if not self.peer_warned:
+                warn_once(f"peer-timeout:{self.path}", "atom-compile: a peer has been compiling piece %s... for "
+                          "more than %.0fs (ATOM_COMPILE_PEER_TIMEOUT); compiling it on rank %d instead.",
+                          name[:12], self.timeout, self.rank)
             yield False
             return
         owner = self.path / "locks" / f"{name}.owner"
@@ -90,6 +92,8 @@ class SharedPieces:
             lock.release()
 
     def _note_dead_owner(self, owner: Path, name: str) -> None:
+        if self.peer_warned:
+            return
         try:
             who = owner.read_text().split()
         except (OSError, UnicodeDecodeError):
@@ -101,6 +105,8 @@ class SharedPieces:
     def lookup(self, ck: str) -> Optional[dict]:
         """The published record of `ck`, or None (absent, or damaged: named once)."""
         path = self.path / "content" / f"{ck[:32]}.json"
+        if not os.path.lexists(path):
+            return None
         try:
             record = trust.loads_bounded(trust.read_bytes(self.cache.root, path, trust.MAX_JSON_BYTES).decode())
         except FileNotFoundError:
