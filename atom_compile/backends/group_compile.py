@@ -132,6 +132,7 @@ def compile_with_group(handle: GroupHandle, manager: CompilerManager, pieces: li
     problem = handle.barrier() if owners else None
     stats.barrier_s = time.perf_counter() - start
     if problem is not None:
+        problem = problem.split(". ")[0]
         stats.peer_problem = problem
         left = sum(1 for key, owner in owners.items() if owner != handle.rank)
         logger.warning("atom-compile: not every rank finished its share of the compile within %.0fs "
