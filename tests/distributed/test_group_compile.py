@@ -32,7 +32,7 @@ def _torchrun(tmp_path, name: str, cache_root) -> list[dict]:
     out = tmp_path / f"{name}-{{rank}}.json"
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(JOB),
-         "--cache-root", str(cache_root), "--out", str(out)],
+         "--cache-root", str(cache_root), "--out", str(out), "--layers", "1"],
         capture_output=True, text=True, env=env(OMP_NUM_THREADS="1"), timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     import json
@@ -45,13 +45,13 @@ def test_torchrun_group_compiles_each_piece_once_spread_over_ranks(tmp_path):
     cold = _torchrun(tmp_path, "cold", root)
     assert all(r["max_abs_err"] < TOL for r in cold), [r["max_abs_err"] for r in cold]
     unique = cold[0]["counters"]["num_piecewise_capturable_graphs_seen"]
-    assert unique == 3
+    assert unique == 2  # embed+layer0 | layer0+norm
     assert total(cold, "num_inductor_compiles") == unique
     # the owners are different ranks: each compiled its share, and loaded the other's
     [g0], [g1] = cold[0]["group"], cold[1]["group"]
-    assert (g0["owned"], g1["owned"]) == (2, 1) and g0["owners"] == g1["owners"] == {"0": 2, "1": 1}
-    assert [r["counters"]["num_inductor_compiles"] for r in cold] == [2, 1]
-    assert [r["counters"]["num_peer_pieces_loaded"] for r in cold] == [1, 2]
+    assert (g0["owned"], g1["owned"]) == (1, 1) and g0["owners"] == g1["owners"] == {"0": 1, "1": 1}
+    assert [r["counters"]["num_inductor_compiles"] for r in cold] == [1, 1]
+    assert [r["counters"]["num_peer_pieces_loaded"] for r in cold] == [1, 1]
     assert g0["peer_problem"] is None and total(cold, "num_cache_errors") == 0
 
     warm = _torchrun(tmp_path, "warm", root)
