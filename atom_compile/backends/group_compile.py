@@ -94,53 +94,31 @@ def compile_with_group(handle: GroupHandle, manager: CompilerManager, pieces: li
     """Agree with the group, compile this rank's share, wait for the others, then take the
     rest; `compile_one(piece)` compiles (or loads) and installs one piece (under `fake()`)."""
     stats = GroupStats(pieces=len(pieces))
-    with fake():
-        for piece in pieces:
-            piece.key = manager.content_key_of(piece.graph, piece.args)
-        missing = sorted({p.key for p in pieces if not _cached(manager, p.key)})
-    stats.missing = len(missing)
-    start = time.perf_counter()
-    try:
-        needed = handle.all_gather(missing)
-    except Exception as exc:  # a peer gone before the exchange: the locks still coordinate
-        logger.warning("atom-compile: the ranks could not exchange their pieces (%s); each rank takes its "
-                       "pieces through the cache directory's locks.", str(exc).splitlines()[0][:300] if str(exc) else exc)
+    owners = _exchange(handle, manager, pieces, fake, stats)
+    if owners is None:  # no agreement: every piece through the locks
         with fake():
             for piece in pieces:
                 compile_one(piece)
         return _done(stats)
-    stats.exchange_s = time.perf_counter() - start
-    owners = assign_owners(needed)
-    stats.unique_missing = len(owners)
-    for owner in owners.values():
-        stats.owners[owner] = stats.owners.get(owner, 0) + 1
-
-    done: set[str] = set()
     compiled: set[str] = set()
     start = time.perf_counter()
-    with fake():
-        for piece in pieces:
-            if owners.get(piece.key) == handle.rank and piece.key not in done:
-                compile_one(piece)
-                done.add(piece.key)
-                compiled.add(piece.target)
-                stats.owned += 1
+    error: Optional[BaseException] = None
+    try:
+        with fake():
+            done: set[str] = set()
+            for piece in pieces:
+                if owners.get(piece.key) == handle.rank and piece.key not in done:
+                    compile_one(piece)
+                    done.add(piece.key)
+                    compiled.add(piece.target)
+                    stats.owned += 1
+    except Exception as exc:  # strict mode's refusal, a compiler error: the others still get their barrier
+        error = exc
     stats.share_s = time.perf_counter() - start
     manager.flush()
-
-    start = time.perf_counter()
-    problem = handle.barrier() if owners else None
-    stats.barrier_s = time.perf_counter() - start
-    if problem is not None:
-        problem = problem.split(". ")[0]
-        stats.peer_problem = problem
-        left = sum(1 for key, owner in owners.items() if owner != handle.rank)
-        logger.warning("atom-compile: not every rank finished its share of the compile within %.0fs "
-                       "(ATOM_COMPILE_PEER_TIMEOUT): %s; rank %d compiles what is missing of the %d pieces "
-                       "the others owned.", handle.timeout, problem, handle.rank, left)
-        if manager.shared is not None:
-            manager.shared.peer_warned = True  # the one warning: the lock path stays quiet
-
+    _wait_for_owners(handle, manager, owners, stats)
+    if error is not None:
+        raise error
     start = time.perf_counter()
     with fake():
         for piece in pieces:
@@ -148,6 +126,52 @@ def compile_with_group(handle: GroupHandle, manager: CompilerManager, pieces: li
                 compile_one(piece)
     stats.rest_s = time.perf_counter() - start
     return _done(stats)
+
+
+def _exchange(handle: GroupHandle, manager: CompilerManager, pieces: list[Piece],
+              fake: Callable[[], ContextManager], stats: GroupStats) -> Optional[dict[str, int]]:
+    """Each piece's content key set; the owners the group agreed on, or None (no agreement)."""
+    with fake():
+        for piece in pieces:
+            piece.key = manager.content_key_of(piece.graph, piece.args)
+        missing = sorted({p.key for p in pieces if not _cached(manager, p.key)})
+    stats.missing = len(missing)
+    start = time.perf_counter()
+    # every rank must be here: one whose cache let it skip Dynamo (and us) never comes, and
+    # waiting for it in the exchange would take the group's whole collective timeout
+    absent = handle.barrier()
+    try:
+        if absent is not None:
+            raise RuntimeError(absent.split(". ")[0])
+        needed = handle.all_gather(missing)
+    except Exception as exc:  # a peer gone before the exchange: the locks still coordinate
+        logger.warning("atom-compile: the ranks could not exchange their pieces (%s); each rank takes its "
+                       "pieces through the cache directory's locks.", str(exc).splitlines()[0][:300] if str(exc) else exc)
+        return None
+    stats.exchange_s = time.perf_counter() - start
+    owners = assign_owners(needed)
+    stats.unique_missing = len(owners)
+    for owner in owners.values():
+        stats.owners[owner] = stats.owners.get(owner, 0) + 1
+    return owners
+
+
+def _wait_for_owners(handle: GroupHandle, manager: CompilerManager, owners: dict[str, int],
+                     stats: GroupStats) -> None:
+    """The barrier after the shares; a rank that did not come is named once."""
+    start = time.perf_counter()
+    problem = handle.barrier() if owners else None
+    stats.barrier_s = time.perf_counter() - start
+    if problem is None:
+        return
+    problem = problem.split(". ")[0]
+    stats.peer_problem = problem
+    left = sum(1 for owner in owners.values() if owner != handle.rank)
+    logger.warning("atom-compile: not every rank finished its share of the compile within %.0fs "
+                   "(ATOM_COMPILE_PEER_TIMEOUT): %s; rank %d compiles what is missing of the %d pieces "
+                   "the others owned.", handle.timeout, problem, handle.rank, left)
+    if manager.shared is not None:
+        manager.shared.peer_warned = True  # the one warning: the lock path stays quiet
 
 
 def _done(stats: GroupStats) -> GroupStats:
