@@ -72,7 +72,7 @@ def breakdown(report: dict) -> dict:
 def measure(world: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="atom-tp-bench-") as work:
         one = run_group(1, [os.path.join(work, "one")], work)
-        alone = run_group(world, [os.path.join(work, f"alone{r}") for r in range(world)], work)
+        alone = run_group(world, [os.path.join(work, f"alone{r}") for r in range(world)], work, group_compile=False)
         shared = run_group(world, [os.path.join(work, "shared")] * world, work, group_compile=False)
         group = run_group(world, [os.path.join(work, "group")] * world, work)
     return {"nproc": world, "one_rank": one, "alone": alone, "shared": shared, "group": group,

@@ -143,12 +143,17 @@ def _exchange(handle: GroupHandle, manager: CompilerManager, pieces: list[Piece]
     try:
         if absent is not None:
             raise RuntimeError(absent.split(". ")[0])
-        needed = handle.all_gather(missing)
+        store = manager.shared.store_id() if manager.shared is not None else None
+        gathered = handle.all_gather((store or f"rank-{handle.rank}", missing))
     except Exception as exc:  # a peer gone before the exchange: the locks still coordinate
         logger.warning("atom-compile: the ranks could not exchange their pieces (%s); each rank takes its "
                        "pieces through the cache directory's locks.", str(exc).splitlines()[0][:300] if str(exc) else exc)
         return None
     stats.exchange_s = time.perf_counter() - start
+    # only ranks that see the same shared store can load what the others compile: the
+    # agreement runs among them (node-local cache roots: each node's ranks split its pieces)
+    mates = [r for r, (token, _) in enumerate(gathered) if token == gathered[handle.rank][0]]
+    needed = [gathered[r][1] if r in mates else [] for r in range(len(gathered))]
     owners = assign_owners(needed)
     stats.unique_missing = len(owners)
     for owner in owners.values():
@@ -160,7 +165,7 @@ def _wait_for_owners(handle: GroupHandle, manager: CompilerManager, owners: dict
                      stats: GroupStats) -> None:
     """The barrier after the shares; a rank that did not come is named once."""
     start = time.perf_counter()
-    problem = handle.barrier() if owners else None
+    problem = handle.barrier()  # every rank, even one with nothing to compile: the same collectives
     stats.barrier_s = time.perf_counter() - start
     if problem is None:
         return

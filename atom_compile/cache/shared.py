@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import os
+import uuid
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -101,6 +102,28 @@ class SharedPieces:
         warn_once(f"dead-owner:{self.path}", "atom-compile: rank %s (pid %s) died while compiling piece "
                   "%s...; compiling it on rank %d.", who[0] if who else "?", who[1] if len(who) > 1 else "?",
                   name[:12], self.rank)
+
+    def store_id(self) -> Optional[str]:
+        """A token that every process seeing this shared directory reads alike (the first one
+        writes it): ranks with equal tokens share a store; None without a usable directory."""
+        if not self.cache.writable or not self._dirs():
+            return None
+        path = self.path / "locks" / "store-id"
+        if not os.path.lexists(path):
+            tmp = path.with_name(f".store-id-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+            try:
+                _write_quiet(tmp, uuid.uuid4().hex.encode())
+                os.link(tmp, path)  # fails if another process was first: its token stands
+            except OSError:
+                pass
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+        try:
+            token = trust.read_bytes(self.cache.root, path, 64).decode().strip()
+        except (OSError, ValueError, trust.Untrusted):
+            return None
+        return token or None
 
     def lookup(self, ck: str) -> Optional[dict]:
         """The published record of `ck`, or None (absent, or damaged: named once)."""
