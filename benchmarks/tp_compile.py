@@ -10,9 +10,9 @@ so that 4 ranks divide them), level 3, empty caches:
   group         N ranks, one cache root, the agreement over the process group: the ranks
                 exchange content keys and each compiles its own share, in parallel
 Reported: wall time of the group (start to every rank's first correct output), the summed
-CPU seconds in the compiler over the ranks, the summed number of compiler runs, and per rank
-(the slowest) where its first forward went: Dynamo tracing (first forward minus the backend),
-the compiler, loads, and waiting at the group's barrier.
+CPU seconds in the compiler over the ranks (the C++ compiler processes it runs included), the
+summed number of compiler runs, and for each rank where its first forward went: Dynamo tracing
+(first forward minus the backend), the compiler, loads, and waiting at the group's barrier.
 
     python benchmarks/tp_compile.py --nproc 2,4 [--json out.json]
 """
