@@ -97,6 +97,12 @@ def peer_timeout() -> float:
     return value
 
 
+def group_compile() -> bool:
+    """ATOM_COMPILE_GROUP_COMPILE=0 turns off the agreement over the process group (who
+    compiles which piece); the ranks then coordinate through the cache directory's locks."""
+    return os.environ.get("ATOM_COMPILE_GROUP_COMPILE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def cache_root(cache_dir: str = "") -> Path:
     """`cache_dir` if set, else $ATOM_COMPILE_CACHE_ROOT, else $XDG_CACHE_HOME/atom (~/.cache/atom)."""
     if cache_dir:
@@ -163,6 +169,7 @@ class Environment:
     compile_disabled: bool = False
     require_cache: bool = False
     peer_timeout: float = 600.0
+    group_compile: bool = True
     remote_cache: str | None = None
     remote_key: str | None = field(default=None, repr=False)
     remote_key_file: str | None = None
@@ -182,6 +189,7 @@ def read(cache_dir: str = "") -> Environment:
         compile_disabled=compile_disabled(),
         require_cache=require_cache(),
         peer_timeout=peer_timeout(),
+        group_compile=group_compile(),
         remote_cache=remote_cache(),
         remote_key=remote_key(),
         remote_key_file=remote_key_file(),

@@ -5,9 +5,14 @@ For each group size N, in fresh processes (gloo, CPU), the tiny Llama (2 layers,
 so that 4 ranks divide them), level 3, empty caches:
   one rank      a group of 1: the work of a single process
   alone         N ranks, each with its own cache root (what every rank compiling does today)
-  shared        N ranks, one cache root: each unique piece compiled by one rank
+  shared        N ranks, one cache root, locks only (ATOM_COMPILE_GROUP_COMPILE=0): each unique
+                piece compiled by whichever rank takes its lock first
+  group         N ranks, one cache root, the agreement over the process group: the ranks
+                exchange content keys and each compiles its own share, in parallel
 Reported: wall time of the group (start to every rank's first correct output), the summed
-CPU seconds in the compiler over the ranks, and the summed number of compiler runs.
+CPU seconds in the compiler over the ranks (the C++ compiler processes it runs included), the
+summed number of compiler runs, and for each rank where its first forward went: Dynamo tracing
+(first forward minus the backend), the compiler, loads, and waiting at the group's barrier.
 
     python benchmarks/tp_compile.py --nproc 2,4 [--json out.json]
 """
@@ -27,11 +32,11 @@ REPO = Path(__file__).resolve().parents[1]
 JOB = REPO / "tests" / "distributed" / "_tp_job.py"
 
 
-def run_group(world: int, roots: list[str], work: str) -> dict:
+def run_group(world: int, roots: list[str], work: str, group_compile: bool = True) -> dict:
     """Start `world` ranks (rank r uses roots[r]); wait; wall time and summed counters."""
     init = f"file://{work}/init-{time.monotonic_ns()}"
     env = dict(os.environ, PYTHONPATH=str(REPO), TORCHINDUCTOR_CACHE_DIR=os.path.join(work, "inductor"),
-               TORCHINDUCTOR_COMPILE_THREADS="1")
+               TORCHINDUCTOR_COMPILE_THREADS="1", ATOM_COMPILE_GROUP_COMPILE="1" if group_compile else "0")
     start = time.perf_counter()
     procs = []
     for r in range(world):
@@ -50,17 +55,30 @@ def run_group(world: int, roots: list[str], work: str) -> dict:
     if worst > 1e-5:
         raise SystemExit(f"wrong output: max abs error {worst}")
     return {"wall_s": round(wall, 2), "compiler_cpu_s": round(sum(r["inductor_cpu_s"] for r in reports), 2),
-            "compiles": sum(r["counters"]["num_inductor_compiles"] for r in reports)}
+            "compiles": sum(r["counters"]["num_inductor_compiles"] for r in reports),
+            "per_rank": [breakdown(r) for r in reports]}
+
+
+def breakdown(report: dict) -> dict:
+    """Where one rank's first forward went (seconds, wall)."""
+    backend = report["backend"]
+    wait = sum(g["barrier_s"] for g in report["group"])
+    return {"first_forward_s": round(report["first_forward_s"], 2),
+            "dynamo_s": round(report["first_forward_s"] - backend["wall_s"], 2),
+            "compile_s": round(backend["compile_s"], 2), "load_s": round(backend["load_s"], 2),
+            "barrier_s": round(wait, 2), "compiles": report["counters"]["num_inductor_compiles"]}
 
 
 def measure(world: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="atom-tp-bench-") as work:
         one = run_group(1, [os.path.join(work, "one")], work)
-        alone = run_group(world, [os.path.join(work, f"alone{r}") for r in range(world)], work)
-        shared = run_group(world, [os.path.join(work, "shared")] * world, work)
-    return {"nproc": world, "one_rank": one, "alone": alone, "shared": shared,
-            "wall_vs_one": round(shared["wall_s"] / one["wall_s"], 2),
-            "compiler_cpu_vs_one": round(shared["compiler_cpu_s"] / max(one["compiler_cpu_s"], 1e-9), 2)}
+        alone = run_group(world, [os.path.join(work, f"alone{r}") for r in range(world)], work, group_compile=False)
+        shared = run_group(world, [os.path.join(work, "shared")] * world, work, group_compile=False)
+        group = run_group(world, [os.path.join(work, "group")] * world, work)
+    return {"nproc": world, "one_rank": one, "alone": alone, "shared": shared, "group": group,
+            "wall_vs_one": round(group["wall_s"] / one["wall_s"], 2),
+            "compiler_cpu_vs_one": round(group["compiler_cpu_s"] / max(one["compiler_cpu_s"], 1e-9), 2),
+            "shared_wall_vs_one": round(shared["wall_s"] / one["wall_s"], 2)}
 
 
 def main() -> None:
@@ -77,10 +95,14 @@ def main() -> None:
     results = [measure(n) for n in sizes]
     print(f"{'N':>2}  {'arm':<9} {'wall s':>7} {'compiler CPU s':>15} {'compiles':>8}")
     for res in results:
-        for arm in ("one_rank", "alone", "shared"):
+        for arm in ("one_rank", "alone", "shared", "group"):
             row = res[arm]
             print(f"{res['nproc']:>2}  {arm:<9} {row['wall_s']:>7.2f} {row['compiler_cpu_s']:>15.2f} {row['compiles']:>8}")
-        print(f"    shared/one rank: wall {res['wall_vs_one']}x, compiler CPU {res['compiler_cpu_vs_one']}x")
+            for r, b in enumerate(row["per_rank"]):
+                print(f"      rank {r}: first forward {b['first_forward_s']}s = dynamo {b['dynamo_s']}s + compile "
+                      f"{b['compile_s']}s ({b['compiles']} runs) + load {b['load_s']}s (barrier {b['barrier_s']}s)")
+        print(f"    group/one rank: wall {res['wall_vs_one']}x, compiler CPU {res['compiler_cpu_vs_one']}x; "
+              f"shared (locks)/one rank: wall {res['shared_wall_vs_one']}x")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
 

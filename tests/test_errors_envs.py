@@ -68,3 +68,16 @@ def test_peer_timeout_is_read_once_and_checked(monkeypatch):
         monkeypatch.setenv("ATOM_COMPILE_PEER_TIMEOUT", bad)
         with pytest.raises(ac.AtomCompileError, match=f"ATOM_COMPILE_PEER_TIMEOUT: got '{bad}'"):
             envs.read()
+
+
+def test_group_compile_switch_and_group_type(monkeypatch):
+    from atom_compile import groups
+
+    monkeypatch.delenv("ATOM_COMPILE_GROUP_COMPILE", raising=False)
+    assert envs.read().group_compile is True
+    monkeypatch.setenv("ATOM_COMPILE_GROUP_COMPILE", "0")
+    assert envs.read().group_compile is False
+    assert groups.compile_group() is None  # torch.distributed not initialised: the locks only
+    with pytest.raises(ac.AtomCompileError, match="set_compile_group: got str"):
+        groups.set_compile_group("world")
+    groups.set_compile_group(None)

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 import torch
 import torch.fx as fx
 
-from .. import envs
+from .. import envs, groups
 from ..cache import keys
 from ..cache.remote import RemoteTier, tier_for
 from ..cache.shared import SharedPieces
@@ -247,7 +247,9 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], cc: Compilation
 
     floats.fold_constant_scalars(gm)
     split_gm, items = _split(gm, cc)
-    compile_pieces(split_gm, items, manager, cc, example_inputs, prefix)
+    group = groups.compile_group(environment.group_compile, environment.peer_timeout) \
+        if shared is not None else None
+    compile_pieces(split_gm, items, manager, cc, example_inputs, prefix, group)
     _write_graphs(cc, prefix, cache, split_gm, items)
 
     fn: Callable = split_gm.forward
@@ -313,8 +315,10 @@ def remote_tier(cc: CompilationConfig, environment: envs.Environment) -> Optiona
 
 
 def compile_pieces(split_gm: fx.GraphModule, items: list[SplitItem], manager: CompilerManager,
-                   cc: CompilationConfig, example_inputs: list[Any], prefix: str) -> None:
-    """Compile (or load) every piece that is not a splitting op, installing it in `split_gm`."""
+                   cc: CompilationConfig, example_inputs: list[Any], prefix: str,
+                   group: Optional[groups.GroupHandle] = None) -> None:
+    """Compile (or load) every piece that is not a splitting op, installing it in `split_gm`;
+    with a process group, after the ranks agree on who compiles which (group_compile.py)."""
     compile_names = [item.submod_name for item in items if not item.is_splitting_graph]
     compilation_counter.num_piecewise_graphs_seen += len(items)
     compilation_counter.num_piecewise_capturable_graphs_seen += len(compile_names)
@@ -326,7 +330,7 @@ def compile_pieces(split_gm: fx.GraphModule, items: list[SplitItem], manager: Co
     with _progress(len(compile_names), f"compiling {prefix}") as step:
         PiecewiseCompileInterpreter(
             split_gm, compile_names, manager, cc.concrete_compile_sizes(), fake_mode, step,
-            cc.concrete_compile_ranges(),
+            cc.concrete_compile_ranges(), group,
         ).run(*example_inputs)
     manager.flush()
 

@@ -224,6 +224,11 @@ class CompilerManager:
                 self.shared.publish(entry)
         return fn
 
+    def content_key_of(self, graph: fx.GraphModule, example_inputs: list[Any],
+                       runtime_shape: Optional[int] = None) -> str:
+        """The content key `compile` files this piece under (what the ranks of a group exchange)."""
+        return content_key(graph, example_inputs, runtime_shape, self.compiler.name, self.compiler_config)
+
     def _claim(self, ck: str) -> Any:
         """The shared lock of a content key (the peers' agreement on who compiles it)."""
         return self.shared.claim(ck) if self.shared is not None else contextlib.nullcontext(False)

@@ -13,6 +13,7 @@ from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from . import compile_only
+from .group_compile import Piece, compile_with_group
 from .manager import CompilerManager
 from .ranges import compile_ranges, find_range
 
@@ -166,6 +167,7 @@ class PiecewiseCompileInterpreter(torch.fx.Interpreter):
         fake_mode: FakeTensorMode,
         progress: Optional[Callable[[], None]] = None,
         ranges: Optional[list[tuple[int, int]]] = None,
+        group: Any = None,
     ):
         super().__init__(split_gm)
         self.compile_names = compile_names
@@ -175,6 +177,17 @@ class PiecewiseCompileInterpreter(torch.fx.Interpreter):
         self.progress = progress
         self.ranges = ranges or []
         self.backends: dict[str, PiecewiseBackend] = {}
+        # with a process group (groups.GroupHandle) the pieces are compiled after the run,
+        # once the ranks have agreed on who compiles which (group_compile.py)
+        self.group = group
+        self.pending: list[Piece] = []
+
+    def _fake(self) -> Any:
+        @contextlib.contextmanager
+        def scope():
+            with self.fake_mode, enable_python_dispatcher():
+                yield
+        return scope()
 
     def run(self, *args: Any) -> Any:
         # A fake tensor of another mode (a fake-weight build's inputs) is converted as a real
@@ -185,8 +198,11 @@ class PiecewiseCompileInterpreter(torch.fx.Interpreter):
             else t
             for t in args
         ]
-        with self.fake_mode, enable_python_dispatcher():
-            return super().run(*fake_args)
+        with self._fake():
+            out = super().run(*fake_args)
+        if self.pending:  # outside the fake mode: the exchange makes real tensors
+            compile_with_group(self.group, self.manager, self.pending, self._compile_piece, self._fake)
+        return out
 
     def call_module(self, target: Any, args: tuple, kwargs: dict) -> Any:
         if target not in self.compile_names:
@@ -199,15 +215,23 @@ class PiecewiseCompileInterpreter(torch.fx.Interpreter):
         if output is None:
             output = super().call_module(target, args, kwargs)
             _stamp_outputs(submod, output)
-        locator = shape_locator(list(args))
-        general = self.manager.compile(submod, list(args), index, None, locator)
-        by_range = compile_ranges(self.manager, submod, list(args), index, self.ranges, locator)
-        backend = PiecewiseBackend(submod, index, general, locator, self.compile_sizes, self.manager, by_range)
-        self.backends[target] = backend
-        install(self.module, target, backend)
+        piece = Piece(target, submod, list(args), index, shape_locator(list(args)))
+        if self.group is not None:
+            self.pending.append(piece)
+        else:
+            self._compile_piece(piece)
+        return output
+
+    def _compile_piece(self, piece: Piece) -> None:
+        """Compile (or load) one piece for the general shape and its ranges; install it."""
+        general = self.manager.compile(piece.graph, piece.args, piece.index, None, piece.locator)
+        by_range = compile_ranges(self.manager, piece.graph, piece.args, piece.index, self.ranges, piece.locator)
+        backend = PiecewiseBackend(piece.graph, piece.index, general, piece.locator, self.compile_sizes,
+                                   self.manager, by_range)
+        self.backends[piece.target] = backend
+        install(self.module, piece.target, backend)
         if self.progress is not None:
             self.progress()
-        return output
 
     def _traced_outputs(self, graph: fx.GraphModule) -> Any:
         """The piece's outputs from the example values Dynamo left on its output nodes, converted

@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import os
+import uuid
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -45,6 +46,7 @@ class SharedPieces:
         self.timeout = timeout
         self.path = cache.hash_path / SHARED_DIR / cache.path.name
         self.ready = False
+        self.peer_warned = False  # a peer's failure was already named (the group's barrier)
 
     def _dirs(self) -> bool:
         if not self.ready:
@@ -74,9 +76,10 @@ class SharedPieces:
         try:
             lock.acquire()
         except filelock.Timeout:
-            warn_once(f"peer-timeout:{self.path}", "atom-compile: a peer has been compiling piece %s... for "
-                      "more than %.0fs (ATOM_COMPILE_PEER_TIMEOUT); compiling it on rank %d instead.",
-                      name[:12], self.timeout, self.rank)
+            if not self.peer_warned:
+                warn_once(f"peer-timeout:{self.path}", "atom-compile: a peer has been compiling piece %s... for "
+                          "more than %.0fs (ATOM_COMPILE_PEER_TIMEOUT); compiling it on rank %d instead.",
+                          name[:12], self.timeout, self.rank)
             yield False
             return
         owner = self.path / "locks" / f"{name}.owner"
@@ -90,6 +93,8 @@ class SharedPieces:
             lock.release()
 
     def _note_dead_owner(self, owner: Path, name: str) -> None:
+        if self.peer_warned:
+            return
         try:
             who = owner.read_text().split()
         except (OSError, UnicodeDecodeError):
@@ -98,9 +103,33 @@ class SharedPieces:
                   "%s...; compiling it on rank %d.", who[0] if who else "?", who[1] if len(who) > 1 else "?",
                   name[:12], self.rank)
 
+    def store_id(self) -> Optional[str]:
+        """A token that every process seeing this shared directory reads alike (the first one
+        writes it): ranks with equal tokens share a store; None without a usable directory."""
+        if not self.cache.writable or not self._dirs():
+            return None
+        path = self.path / "locks" / "store-id"
+        if not os.path.lexists(path):
+            tmp = path.with_name(f".store-id-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+            try:
+                _write_quiet(tmp, uuid.uuid4().hex.encode())
+                os.link(tmp, path)  # fails if another process was first: its token stands
+            except OSError:
+                pass
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+        try:
+            token = trust.read_bytes(self.cache.root, path, 64).decode().strip()
+        except (OSError, ValueError, trust.Untrusted):
+            return None
+        return token or None
+
     def lookup(self, ck: str) -> Optional[dict]:
         """The published record of `ck`, or None (absent, or damaged: named once)."""
         path = self.path / "content" / f"{ck[:32]}.json"
+        if not os.path.lexists(path):
+            return None
         try:
             record = trust.loads_bounded(trust.read_bytes(self.cache.root, path, trust.MAX_JSON_BYTES).decode())
         except FileNotFoundError:

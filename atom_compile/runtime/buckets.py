@@ -39,14 +39,20 @@ def pad_to_bucket(n: int, sizes: Sequence[int]) -> Optional[int]:
     return sizes[i] if i < len(sizes) else None
 
 
+NOT_A_BUCKET = 1 << 62  # what a rank whose step no recording holds (a prefill) contributes
+
+
 def pad_for_data_parallel(n: int, sizes: Sequence[int], group: Any = None) -> Optional[int]:
     """Like pad_to_bucket, but every rank of `group` gets the bucket of the largest batch among
-    them (all-reduce max), so that all data-parallel ranks replay the same graph."""
+    them (all-reduce max), so that all data-parallel ranks replay the same graph; a rank that
+    passes NOT_A_BUCKET makes every rank run eagerly. The tensor lives where the group's
+    backend needs it (groups.tensor_device: gloo on the CPU, nccl on the GPU)."""
     if group is not None:
         import torch.distributed as dist
 
-        value = torch.tensor([n], dtype=torch.int64,
-                             device="cuda" if torch.cuda.is_available() else "cpu")
+        from ..groups import tensor_device
+
+        value = torch.tensor([n], dtype=torch.int64, device=tensor_device(group))
         dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
         n = int(value.item())
-    return pad_to_bucket(n, sizes)
+    return pad_to_bucket(n, sizes) if n < NOT_A_BUCKET else None

@@ -23,8 +23,8 @@ import torch
 from ..config import Config, CUDAGraphMode
 from ..errors import AtomTypeError, AtomValueError
 from ..forward_context import get_forward_context, set_forward_context
-from .buckets import pad_to_bucket, request_bucket
 from ..ops import jit_watch
+from .buckets import NOT_A_BUCKET, pad_for_data_parallel, pad_to_bucket, request_bucket
 from .capture_budget import budget_bytes, capture_within_budget
 from .graphs import ReqGraph, TokenGraph, graph_pool_bytes, token_graph_of
 from .runtime_config import RuntimeConfig
@@ -170,7 +170,14 @@ class ModelRunner:
             return None, None
         rows = sum(len(s.token_ids) for s in steps)
         is_decode = all(len(s.token_ids) <= self.max_q_len and s.start_pos > 0 for s in steps)
-        if is_decode and all(len(s.token_ids) == self.max_q_len for s in steps):
+        uniform = is_decode and all(len(s.token_ids) == self.max_q_len for s in steps)
+        if self.config.dp_group is not None:
+            # every data-parallel rank takes part, every step: all replay one bucket, or none does
+            padded = pad_for_data_parallel(len(steps) if uniform else NOT_A_BUCKET, self.graphed_sizes,
+                                           self.config.dp_group)
+            if padded is not None:
+                return padded, None
+        elif uniform:
             padded = pad_to_bucket(len(steps), self.graphed_sizes)
             if padded is not None:
                 return padded, None

@@ -25,6 +25,8 @@ class RuntimeConfig:
     enforce_eager: bool = False
     cudagraph_memory_budget: Union[int, float, None] = None
     no_compile_layers: dict[str, Any] = field(default_factory=dict, repr=False)
+    # data-parallel ranks that must replay the same decode bucket (a torch.distributed group)
+    dp_group: Any = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_config(cls, cfg: Config) -> "RuntimeConfig":

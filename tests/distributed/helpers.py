@@ -26,12 +26,13 @@ def start_rank(tmp: Path, cache_root: Path, name: str, *args: str, extra_env: di
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env(**(extra_env or {})))
 
 
-def start_group(tmp: Path, cache_root: Path, group: str, world: int, *args: str) -> list[subprocess.Popen]:
+def start_group(tmp: Path, cache_root: Path, group: str, world: int, *args: str,
+                extra_env: dict | None = None) -> list[subprocess.Popen]:
     init = f"file://{tmp / f'{group}.init'}"
     if (tmp / f"{group}.init").exists():
         (tmp / f"{group}.init").unlink()
-    return [start_rank(tmp, cache_root, f"{group}-{r}", "--rank", str(r), "--world", str(world), "--init", init, *args)
-            for r in range(world)]
+    return [start_rank(tmp, cache_root, f"{group}-{r}", "--rank", str(r), "--world", str(world), "--init", init, *args,
+                       extra_env=extra_env) for r in range(world)]
 
 
 def finish(tmp: Path, procs: list[subprocess.Popen], names: list[str], timeout: float = 240) -> list[dict]:

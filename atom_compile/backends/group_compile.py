@@ -1,0 +1,186 @@
+"""The ranks of a process group agree on who compiles which piece of one graph.
+
+Dynamo traces the whole graph on every rank before the backend sees it, and the ranks of an
+SPMD program reach the backend for the same graphs in the same order; so once per graph:
+
+1. each rank computes the content keys of its pieces and keeps those that neither its own
+   cache nor the shared store (cache/shared.py) already holds;
+2. the ranks exchange those keys (`all_gather_object` over a gloo group, groups.py);
+3. every rank derives the same owners: the union of keys, sorted, dealt round-robin over the
+   ranks that need each key, least-loaded first (a rank-specific piece goes to its own rank);
+4. each rank compiles its own share, in parallel with the others, and publishes it into the
+   shared store;
+5. a barrier with a timeout (ATOM_COMPILE_PEER_TIMEOUT; a monitored barrier names the rank
+   that did not come); a rank that died or hung in its share is passed by with one warning;
+6. every rank takes the rest through the compile-or-load path: what a peer published is
+   loaded, what a dead peer left undone is compiled here (under the content key's lock, so
+   two survivors still compile it once).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, ContextManager, Optional
+
+import torch.fx as fx
+
+from ..groups import GroupHandle
+from .manager import CompilerManager
+
+logger = logging.getLogger("atom_compile")
+
+
+@dataclass
+class Piece:
+    """A piece the interpreter reached: compiled only once the ranks have agreed."""
+
+    target: str
+    graph: fx.GraphModule
+    args: list[Any]
+    index: int
+    locator: Optional[list[int]]
+    key: str = ""
+
+
+@dataclass
+class GroupStats:
+    """What one graph's agreement did on this rank (seconds are wall time)."""
+
+    pieces: int = 0
+    missing: int = 0
+    unique_missing: int = 0
+    owned: int = 0
+    exchange_s: float = 0.0
+    share_s: float = 0.0
+    barrier_s: float = 0.0
+    rest_s: float = 0.0
+    peer_problem: Optional[str] = None
+    owners: dict[int, int] = field(default_factory=dict)
+
+
+# one GroupStats per graph compiled in this process, in order (benchmarks read it)
+history: list[GroupStats] = []
+
+
+def assign_owners(needed: list[list[str]]) -> dict[str, int]:
+    """Content key -> the rank that compiles it, from each rank's list of keys it lacks. The
+    same on every rank: keys sorted, each dealt to the least-loaded rank that needs it, ties
+    broken round-robin from the key's position."""
+    world = len(needed)
+    sets = [set(keys) for keys in needed]
+    load = [0] * world
+    owners: dict[str, int] = {}
+    for i, key in enumerate(sorted(set().union(*sets))):
+        owner = min((r for r in range(world) if key in sets[r]), key=lambda r: (load[r], (r - i) % world))
+        owners[key] = owner
+        load[owner] += 1
+    return owners
+
+
+def _cached(manager: CompilerManager, key: str) -> bool:
+    """Whether `key` is compiled already, here or in the shared store (no compile needed)."""
+    name = manager.compiler.name
+    if key in manager._by_content or any(e["content_key"] == key and e["compiler"] == name
+                                         for e in manager.entries.values()):
+        return True
+    record = manager.shared.lookup(key) if manager.shared is not None else None
+    return record is not None and record["compiler"] == name
+
+
+def compile_with_group(handle: GroupHandle, manager: CompilerManager, pieces: list[Piece],
+                       compile_one: Callable[[Piece], None], fake: Callable[[], ContextManager]) -> GroupStats:
+    """Agree with the group, compile this rank's share, wait for the others, then take the
+    rest; `compile_one(piece)` compiles (or loads) and installs one piece (under `fake()`)."""
+    stats = GroupStats(pieces=len(pieces))
+    owners = _exchange(handle, manager, pieces, fake, stats)
+    if owners is None:  # no agreement: every piece through the locks
+        with fake():
+            for piece in pieces:
+                compile_one(piece)
+        return _done(stats)
+    compiled: set[str] = set()
+    start = time.perf_counter()
+    error: Optional[BaseException] = None
+    try:
+        with fake():
+            done: set[str] = set()
+            for piece in pieces:
+                if owners.get(piece.key) == handle.rank and piece.key not in done:
+                    compile_one(piece)
+                    done.add(piece.key)
+                    compiled.add(piece.target)
+                    stats.owned += 1
+    except Exception as exc:  # strict mode's refusal, a compiler error: the others still get their barrier
+        error = exc
+    stats.share_s = time.perf_counter() - start
+    manager.flush()
+    _wait_for_owners(handle, manager, owners, stats)
+    if error is not None:
+        raise error
+    start = time.perf_counter()
+    with fake():
+        for piece in pieces:
+            if piece.target not in compiled:
+                compile_one(piece)
+    stats.rest_s = time.perf_counter() - start
+    return _done(stats)
+
+
+def _exchange(handle: GroupHandle, manager: CompilerManager, pieces: list[Piece],
+              fake: Callable[[], ContextManager], stats: GroupStats) -> Optional[dict[str, int]]:
+    """Each piece's content key set; the owners the group agreed on, or None (no agreement)."""
+    with fake():
+        for piece in pieces:
+            piece.key = manager.content_key_of(piece.graph, piece.args)
+        missing = sorted({p.key for p in pieces if not _cached(manager, p.key)})
+    stats.missing = len(missing)
+    start = time.perf_counter()
+    # every rank must be here: one whose cache let it skip Dynamo (and us) never comes, and
+    # waiting for it in the exchange would take the group's whole collective timeout
+    absent = handle.barrier()
+    try:
+        if absent is not None:
+            raise RuntimeError(absent.split(". ")[0])
+        store = manager.shared.store_id() if manager.shared is not None else None
+        gathered = handle.all_gather((store or f"rank-{handle.rank}", missing))
+    except Exception as exc:  # a peer gone before the exchange: the locks still coordinate
+        logger.warning("atom-compile: the ranks could not exchange their pieces (%s); each rank takes its "
+                       "pieces through the cache directory's locks.", str(exc).splitlines()[0][:300] if str(exc) else exc)
+        return None
+    stats.exchange_s = time.perf_counter() - start
+    # only ranks that see the same shared store can load what the others compile: the
+    # agreement runs among them (node-local cache roots: each node's ranks split its pieces)
+    mates = [r for r, (token, _) in enumerate(gathered) if token == gathered[handle.rank][0]]
+    needed = [gathered[r][1] if r in mates else [] for r in range(len(gathered))]
+    owners = assign_owners(needed)
+    stats.unique_missing = len(owners)
+    for owner in owners.values():
+        stats.owners[owner] = stats.owners.get(owner, 0) + 1
+    return owners
+
+
+def _wait_for_owners(handle: GroupHandle, manager: CompilerManager, owners: dict[str, int],
+                     stats: GroupStats) -> None:
+    """The barrier after the shares; a rank that did not come is named once."""
+    start = time.perf_counter()
+    problem = handle.barrier()  # every rank, even one with nothing to compile: the same collectives
+    stats.barrier_s = time.perf_counter() - start
+    if problem is None:
+        return
+    problem = problem.split(". ")[0]
+    stats.peer_problem = problem
+    left = sum(1 for owner in owners.values() if owner != handle.rank)
+    logger.warning("atom-compile: not every rank finished its share of the compile within %.0fs "
+                   "(ATOM_COMPILE_PEER_TIMEOUT): %s; rank %d compiles what is missing of the %d pieces "
+                   "the others owned.", handle.timeout, problem, handle.rank, left)
+    if manager.shared is not None:
+        manager.shared.peer_warned = True  # the one warning: the lock path stays quiet
+
+
+def _done(stats: GroupStats) -> GroupStats:
+    history.append(stats)
+    logger.debug("atom-compile: group compile: %s", stats)
+    return stats
+
