@@ -66,6 +66,11 @@ _current_device = torch._C._cuda_getDevice if torch.cuda.is_available() else (la
 _KEYS = {torch.Tensor: _tensor_key, int: _int_key, float: lambda _: "f", bool: lambda b: ("b", b)}
 
 
+def _spec_key(args: tuple, constexprs: dict, num_warps: int) -> tuple:
+    # a compiled kernel is loaded for the device current at its first launch, as Triton's own cache is
+    return (_current_device(), num_warps, *[_KEYS.get(type(a), _other_key)(a) for a in args], *constexprs.values())
+
+
 class FastLaunch:
     """A Triton JIT kernel launched with its compiled kernel cached per specialisation.
 
@@ -82,9 +87,7 @@ class FastLaunch:
         if not self.direct:
             self.kernel[grid](*args, **constexprs, num_warps=num_warps)
             return
-        # a compiled kernel is loaded for the device current at its first launch, as Triton's own cache is
-        key = (_current_device(), num_warps, *[_KEYS.get(type(a), _other_key)(a) for a in args], *constexprs.values())
-        compiled = self.compiled.get(key)
+        compiled = self.compiled.get(key := _spec_key(args, constexprs, num_warps))
         if compiled is not None:
             compiled[grid](*args, *constexprs.values())
             return
@@ -111,8 +114,7 @@ class FastLaunch:
         self(grid, args, constexprs, num_warps)
         if not self.direct:
             return None
-        key = (_current_device(), num_warps, *[_KEYS.get(type(a), _other_key)(a) for a in args], *constexprs.values())
-        compiled = self.compiled.get(key)
+        compiled = self.compiled.get(_spec_key(args, constexprs, num_warps))
         return BoundLaunch.of(compiled, grid, (*args, *constexprs.values())) if compiled is not None else None
 
 
@@ -141,13 +143,12 @@ def _launch_hooks() -> tuple[Any, Any]:
 class BoundLaunch:
     """One compiled Triton kernel launch with grid and arguments fixed (see `FastLaunch.bind`)."""
 
-    __slots__ = ("_compiled", "_grid", "_args", "_device", "_run", "_head")
+    __slots__ = ("_compiled", "_grid", "_args", "_device", "_run")
 
     def __init__(self, compiled: Any, grid: tuple[int, int, int], args: tuple):
         self._compiled, self._grid, self._args = compiled, grid, args
         self._device = _current_device()
         self._run: Callable = compiled.run  # loads the module on first use
-        self._head = (*grid,)
 
     @classmethod
     def of(cls, compiled: Any, grid: tuple[int, int, int], args: tuple) -> Optional["BoundLaunch"]:
@@ -163,7 +164,7 @@ class BoundLaunch:
         stream = torch._C._cuda_getCurrentRawStream(self._device)
         enter, exit_ = _launch_hooks()
         if enter is None:
-            self._run(*self._head, stream, compiled.function, compiled.packed_metadata, None, None, None, *self._args)
+            self._run(*self._grid, stream, compiled.function, compiled.packed_metadata, None, None, None, *self._args)
         else:  # a profiler is listening: give it what Triton's own launch gives
             meta = compiled.launch_metadata(self._grid, stream, *self._args)
-            self._run(*self._head, stream, compiled.function, compiled.packed_metadata, meta, enter, exit_, *self._args)
+            self._run(*self._grid, stream, compiled.function, compiled.packed_metadata, meta, enter, exit_, *self._args)
