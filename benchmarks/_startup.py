@@ -35,6 +35,7 @@ def main() -> None:
     ap.add_argument("--preset", default="")
     ap.add_argument("--every-layer", action="store_true",
                     help="trace every layer (CompilationConfig.trace_layers_once=False): the path before 0.x")
+    ap.add_argument("--profile", default="", help="write a cProfile of the compile phase to this file")
     args = ap.parse_args()
 
     import torch
@@ -64,12 +65,21 @@ def main() -> None:
     t_built = time.perf_counter()
     cpu_built = _cpu_seconds()
 
+    profiler = None
+    if args.profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
     with torch.inference_mode(), ac.set_forward_context(meta, cfg, ctx, no_compile_layers=model.no_compile_layers):
         out = model.compute_logits(forward(ids, pos))
         if args.device == "cuda":
             torch.cuda.synchronize()
         t_first = time.perf_counter()
         cpu_first = _cpu_seconds()
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(args.profile)
         reference = model.compute_logits(type(model.model).forward(model.model, ids, pos))
     # relative error over the whole output: float32 lands far under 1e-3
     error = ((out.float() - reference.float()).norm() / reference.float().norm()).item()

@@ -27,17 +27,29 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).parent
+_PROFILE_DIR = ""  # --profile DIR: each atom start writes a cProfile of its compile phase there
 
 
 def _env(cache_root: str, inductor_dir: str) -> dict:
-    return dict(os.environ, ATOM_COMPILE_CACHE_ROOT=cache_root, TORCHINDUCTOR_CACHE_DIR=inductor_dir,
-                TRITON_CACHE_DIR=os.path.join(inductor_dir, "triton"), PYTHONUNBUFFERED="1")
+    """A fresh machine's environment for one start: a new HOME beside the Inductor directory
+    (so Triton's default cache, ~/.triton, is as empty as Inductor's) and TRITON_CACHE_DIR unset,
+    as a user has it; what a warm start reuses is then only what `inductor_dir` and our cache
+    root hold."""
+    home = os.path.join(inductor_dir, "home")
+    os.makedirs(home, exist_ok=True)
+    env = dict(os.environ, ATOM_COMPILE_CACHE_ROOT=cache_root, TORCHINDUCTOR_CACHE_DIR=inductor_dir,
+               HOME=home, PYTHONUNBUFFERED="1")
+    env.pop("TRITON_CACHE_DIR", None)
+    env.pop("XDG_CACHE_HOME", None)
+    return env
 
 
 def start(arm: str, layers: int, device: str, cache_root: str, inductor_dir: str, preset: str = "",
           extra: tuple = ()) -> dict:
     env = _env(cache_root, inductor_dir)
     extra = (*(["--preset", preset] if preset else []), *extra)
+    if arm == "atom" and _PROFILE_DIR:
+        extra = (*extra, "--profile", os.path.join(_PROFILE_DIR, f"{Path(inductor_dir).name}-l{layers}.prof"))
     proc = subprocess.run([sys.executable, str(HERE / "_startup.py"), "--arm", arm, "--layers", str(layers),
                            "--device", device, *extra], capture_output=True, text=True, env=env, timeout=3000)
     if proc.returncode != 0:
@@ -119,7 +131,12 @@ def main() -> None:
     ap.add_argument("--json", default="")
     ap.add_argument("--fake-weights", action="store_true", help="measure the build step (see above)")
     ap.add_argument("--preset", default="llama-3.2-1b", help="the model of --fake-weights (default llama-3.2-1b)")
+    ap.add_argument("--profile", default="", help="write a cProfile of each atom start's compile phase into DIR")
     args = ap.parse_args()
+    global _PROFILE_DIR
+    _PROFILE_DIR = os.path.abspath(args.profile) if args.profile else ""
+    if _PROFILE_DIR:
+        os.makedirs(_PROFILE_DIR, exist_ok=True)
     if args.fake_weights:
         main_fake(args)
         return

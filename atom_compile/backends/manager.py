@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional
 
 import torch.fx as fx
 
+from . import kernel_files
 from .base import CompilerInterface
 from ..counters import compilation_counter
 from ..cache.keys import content_key, graph_fingerprint, sha256_bytes, sha256_file
@@ -114,6 +115,7 @@ class CompilerManager:
                 self.cache.write_failed(directory, exc)
                 return None
             self._scratch_checked = True
+            kernel_files.attach(self, str(directory))
         return str(directory)
 
     def _isa_dir(self) -> Optional[str]:

@@ -146,3 +146,25 @@ def make_private_tree(directory: Path) -> None:
                 trust.make_private(Path(dirpath) / name)
             except OSError:
                 continue
+
+
+# Triton's files for our own kernels (see atom_compile/ops/kernel_dir.py), under the scratch
+# directory so that the manifest, `verify`, export and the remote tier cover them.
+OPS_KERNELS_DIR = "triton_ops"
+
+
+def prune_unrecorded(root: Path, directory: Path, recorded: dict[str, str]) -> int:
+    """Remove the files under `directory/triton_ops` that the manifest does not name; returns
+    how many. Triton loads what it finds there without asking, so a file no digest covers (a
+    run that ended before recording it, or one put there by hand) must not stay; the cost of
+    removing a concurrent run's fresh file is a recompile of that kernel."""
+    ops = Path(directory) / OPS_KERNELS_DIR
+    if not os.path.isdir(ops) or os.path.islink(ops):
+        return 0
+    files, _ = walk_files(ops)
+    removed = 0
+    for rel in files:
+        if f"{OPS_KERNELS_DIR}/{rel}" not in recorded:
+            trust.unlink_in(root, ops / rel)
+            removed += 1
+    return removed

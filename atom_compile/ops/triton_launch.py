@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from . import jit_watch
+from . import jit_watch, kernel_dir
 
 _INT32 = 2**31
 
@@ -91,7 +91,8 @@ class FastLaunch:
         if compiled is not None:
             compiled[grid](*args, *constexprs.values())
             return
-        with jit_watch.launching(args):  # a compile here after warm-up is reported with these shapes
+        # a compile here after warm-up is reported with these shapes; its files go to our cache
+        with jit_watch.launching(args), kernel_dir.compiling():
             compiled = self.kernel[grid](*args, **constexprs, num_warps=num_warps)
         if hasattr(compiled, "result"):  # an asynchronous compile's future
             compiled = compiled.result()
