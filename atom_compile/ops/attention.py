@@ -181,8 +181,8 @@ def _bound_launches(query, key, value, output, kv_cache, meta, scale) -> Optiona
 
 def bind_unified_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, output: torch.Tensor,
                            layer_name: str) -> Optional[Callable[[], None]]:
-    """The op on a token graph's recorded tensors as three bound Triton launches (an eager
-    region's replay then costs a check of what it reads plus the launches, not the op's Python),
+    """The op on a token graph's recorded tensors as two bound Triton launches, KV write and
+    attention (an eager region's replay then costs a check of what it reads plus the launches),
     or None off CUDA/Triton. A replay whose forward context no longer matches runs the op."""
     layer, meta, kv_cache = _resolve(layer_name)
     launches = _bound_launches(query, key, value, output, kv_cache, meta, layer.scale)
