@@ -94,7 +94,9 @@ def paged_attention(query, key, value, output, kv_cache, meta: PagedAttentionMet
     if meta.query_positions.shape[0] != rows:
         meta = _rows_view(meta, rows)
     kernels = _triton_kernels() if query.is_cuda else None
-    if kernels is not None:
+    if kernels is not None and kernels.writes_kv(meta):  # decode: one launch writes and attends
+        kernels.triton_paged_attention(query, kv_cache[0], kv_cache[1], output, meta, scale, new_kv=(key, value))
+    elif kernels is not None:
         kernels.triton_write_kv(key, value, kv_cache, meta.slot_mapping)
         kernels.triton_paged_attention(query, kv_cache[0], kv_cache[1], output, meta, scale)
     else:
@@ -156,14 +158,15 @@ def unified_attention_with_output(
 
 
 def _meta_reads(meta: Any) -> Optional[tuple]:
-    """What a bound attention baked in from the step's metadata: addresses and the layout the
-    launches were planned for (None for anything but one PagedAttentionMetadata). The builder
-    keeps its buffers, so the steps of a recording agree."""
+    """What a bound attention baked in from the step's metadata: addresses, the layout the
+    launches were planned for and whether the step is a decode (one launch writes the KV too);
+    None for anything but one PagedAttentionMetadata. The builder keeps its buffers, so the
+    steps of a recording agree."""
     if not isinstance(meta, PagedAttentionMetadata):
         return None
     tables = meta.block_tables
     return (meta.slot_mapping.data_ptr(), meta.query_positions.data_ptr(), meta.token_seq.data_ptr(),
-            tables.data_ptr(), tables.stride(0), tables.shape[1])
+            tables.data_ptr(), tables.stride(0), tables.shape[1], meta.max_seqlen_q == 1)
 
 
 def _bound_launches(query, key, value, output, kv_cache, meta, scale) -> Optional[tuple]:
@@ -174,6 +177,9 @@ def _bound_launches(query, key, value, output, kv_cache, meta, scale) -> Optiona
         return None
     if meta.query_positions.shape[0] != query.shape[0]:
         meta = _rows_view(meta, query.shape[0])
+    if kernels.writes_kv(meta):  # decode: the attention launch writes the KV too
+        attend = kernels.bind_paged_attention(query, kv_cache[0], kv_cache[1], output, meta, scale, new_kv=(key, value))
+        return None if attend is None else tuple(attend)
     write = kernels.bind_write_kv(key, value, kv_cache, meta.slot_mapping)
     attend = kernels.bind_paged_attention(query, kv_cache[0], kv_cache[1], output, meta, scale)
     return None if write is None or attend is None else (write, *attend)
@@ -181,8 +187,8 @@ def _bound_launches(query, key, value, output, kv_cache, meta, scale) -> Optiona
 
 def bind_unified_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, output: torch.Tensor,
                            layer_name: str) -> Optional[Callable[[], None]]:
-    """The op on a token graph's recorded tensors as two bound Triton launches, KV write and
-    attention (an eager region's replay then costs a check of what it reads plus the launches),
+    """The op on a token graph's recorded tensors as bound Triton launches, one for a decode step
+    (KV write and attention, two otherwise; a replay then costs a check and the launches),
     or None off CUDA/Triton. A replay whose forward context no longer matches runs the op."""
     layer, meta, kv_cache = _resolve(layer_name)
     launches = _bound_launches(query, key, value, output, kv_cache, meta, layer.scale)

@@ -79,21 +79,45 @@ def _check_cache(k_cache, v_cache) -> None:
         raise AtomValueError("triton_paged_attention: the KV cache must be [blocks, block_size, kv_heads, dim], dim contiguous")
 
 
-def _attention_launch_args(query, k_cache, v_cache, output, meta, scale: float, plan: _Plan, scratch, tickets) -> tuple:
-    """The one attention launch as (launcher, grid, args, constexprs, num_warps); `query` and
-    `output` have a contiguous last dimension."""
+def writes_kv(meta) -> bool:
+    """True when the attention launch can also write the step's keys and values: a decode step
+    (one row per sequence, `max_seqlen_q` 1), where each row's only new key is its own. Rows
+    of a longer query read keys that other rows write, so those steps launch the write first."""
+    return getattr(meta, "max_seqlen_q", None) == 1
+
+
+def _check_new_kv(new_kv, query, k_cache, meta) -> None:
+    if not writes_kv(meta):
+        raise AtomValueError("triton_paged_attention: new_kv needs a decode step's metadata (max_seqlen_q 1); "
+                             "write the cache first (triton_write_kv) for longer queries")
+    key, value = new_kv
+    want = (query.shape[0], k_cache.shape[2], k_cache.shape[3])
+    if tuple(key.shape) != want or tuple(value.shape) != want:
+        raise AtomValueError(f"triton_paged_attention: new_kv must be [rows, kv_heads, dim] = {list(want)}, "
+                             f"got {list(key.shape)} and {list(value.shape)}")
+
+
+def _attention_launch_args(query, k_cache, v_cache, output, meta, scale: float, plan: _Plan, scratch, tickets,
+                           new_kv=None) -> tuple:
+    """The one attention launch as (launcher, grid, args, constexprs, num_warps); `query`,
+    `output` and `new_kv` (the step's key and value to write, or None) have a contiguous last
+    dimension."""
     rows, num_heads, head_dim = query.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     tables = meta.block_tables
     kv_strides = k_cache.stride()
+    key, value = new_kv if new_kv is not None else (query, query)  # unread without WRITE_KV
     return (
         _attention_launch, (rows, num_kv_heads, plan.num_splits),
         (query, k_cache, v_cache, output, scratch, tickets, tables, meta.token_seq, meta.query_positions,
+         key, value, meta.slot_mapping,
          query.stride(0), query.stride(1), output.stride(0), output.stride(1),
          kv_strides[0], kv_strides[1], kv_strides[2], tables.stride(0),
+         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
          scale, num_heads, num_kv_heads, plan.num_splits, plan.keys_per_split, plan.ml_offset),
         {"GROUP": plan.group, "G_PAD": plan.g_pad, "BLOCK_SIZE": block_size, "BLOCK_N": BLOCK_N,
-         "HEAD_DIM": head_dim, "D_PAD": plan.d_pad, "IEEE": k_cache.dtype == torch.float32},
+         "HEAD_DIM": head_dim, "D_PAD": plan.d_pad, "IEEE": k_cache.dtype == torch.float32,
+         "WRITE_KV": new_kv is not None},
         4,
     )
 
@@ -103,9 +127,14 @@ def _plan_for(query, k_cache, meta) -> _Plan:
     return _plan(rows, num_heads, k_cache.shape[2], head_dim, meta.block_tables.shape[1] * k_cache.shape[1], query.device)
 
 
-def triton_paged_attention(query, k_cache, v_cache, output, meta, scale: float) -> None:
-    """query/output [rows, heads, dim]; caches [blocks, block_size, kv_heads, dim]. One launch."""
+def triton_paged_attention(query, k_cache, v_cache, output, meta, scale: float, new_kv=None) -> None:
+    """query/output [rows, heads, dim]; caches [blocks, block_size, kv_heads, dim]. One launch;
+    with `new_kv` (key, value [rows, kv_heads, dim]) of a decode step (`writes_kv`) it also
+    writes them to the cache at `meta.slot_mapping`."""
     _check_cache(k_cache, v_cache)
+    if new_kv is not None:
+        _check_new_kv(new_kv, query, k_cache, meta)
+        new_kv = tuple(t if t.stride(2) == 1 else t.contiguous() for t in new_kv)
     if query.stride(2) != 1:
         query = query.contiguous()
     target = output if output.stride(2) == 1 else torch.empty_like(output, memory_format=torch.contiguous_format)
@@ -113,7 +142,7 @@ def triton_paged_attention(query, k_cache, v_cache, output, meta, scale: float) 
     scratch = torch.empty(plan.scratch, dtype=torch.float32, device=query.device)
     tickets = ticket_counters(plan.tickets, query.device)
     launch, grid, args, constexprs, warps = _attention_launch_args(query, k_cache, v_cache, target, meta, scale,
-                                                                   plan, scratch, tickets)
+                                                                   plan, scratch, tickets, new_kv)
     launch(grid, args, constexprs, num_warps=warps)
     if target is not output:
         output.copy_(target)
@@ -159,17 +188,20 @@ def ticket_counters(elements: int, device: torch.device) -> torch.Tensor:
     return current
 
 
-def bind_paged_attention(query, k_cache, v_cache, output, meta, scale: float) -> Optional[list]:
-    """The attention on these exact tensors as bound launches (one, run once now), or None where
-    it cannot be bound (a strided query or output, a Triton without direct launches)."""
+def bind_paged_attention(query, k_cache, v_cache, output, meta, scale: float, new_kv=None) -> Optional[list]:
+    """The attention (and with `new_kv` the KV write, as `triton_paged_attention`) on these
+    exact tensors as bound launches (one, run once now), or None where it cannot be bound (a
+    strided query, output, key or value, a Triton without direct launches)."""
     _check_cache(k_cache, v_cache)
-    if query.stride(2) != 1 or output.stride(2) != 1:
+    if new_kv is not None:
+        _check_new_kv(new_kv, query, k_cache, meta)
+    if query.stride(2) != 1 or output.stride(2) != 1 or any(t.stride(2) != 1 for t in new_kv or ()):
         return None
     plan = _plan_for(query, k_cache, meta)
     scratch = _shared_scratch(plan.scratch, query.device)
     tickets = ticket_counters(plan.tickets, query.device)
     launch, grid, args, constexprs, warps = _attention_launch_args(query, k_cache, v_cache, output, meta, scale,
-                                                                   plan, scratch, tickets)
+                                                                   plan, scratch, tickets, new_kv)
     bound = launch.bind(grid, args, constexprs, num_warps=warps)
     return None if bound is None else [bound]
 

@@ -131,3 +131,39 @@ def test_a_counter_left_nonzero_is_what_the_reset_prevents(tri):
         assert not torch.allclose(got, want, atol=1e-3, rtol=1e-3)
     finally:
         tri._tickets[q.device].zero_()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("heads,kv_heads,dim", [(8, 2, 64), (8, 1, 128), (4, 4, 64)])
+@pytest.mark.parametrize("lengths", LENGTHS + [[16, 17, 2]])
+def test_the_launch_that_also_writes_the_kv_matches_write_then_attend(tri, dtype, heads, kv_heads, dim, lengths):
+    # decode: the row's own (new) key at position len-1 sits at a span's start, end or middle
+    q, k, v, cache, meta = _case(lengths, 1, heads, kv_heads, dim, dtype, pad_seqs=1, seed=len(lengths) + 7)
+    assert tri.writes_kv(meta)
+    scale = dim ** -0.5
+    want = torch.zeros_like(q)
+    cache_ref = cache.clone()
+    ref.write_kv(k, v, cache_ref, meta.slot_mapping)
+    ref._torch_paged_attention(q, cache_ref[0], cache_ref[1], want, meta, scale)
+    got = torch.full_like(q, float("nan"))
+    cache_tri = cache.clone()
+    tri.triton_paged_attention(q, cache_tri[0], cache_tri[1], got, meta, scale, new_kv=(k, v))
+    assert torch.equal(cache_tri[:, :-1], cache_ref[:, :-1])  # the new keys and values, nothing else
+    assert torch.equal(cache_tri[:, -1], cache[:, -1])  # padding rows write nothing
+    real = meta.slot_mapping >= 0
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    torch.testing.assert_close(got[real].float(), want[real].float(), atol=tol, rtol=tol)
+    assert torch.all(got[~real] == 0)
+    assert int(tri._tickets[q.device].abs().sum()) == 0
+
+
+def test_the_kv_writing_launch_refuses_a_step_with_longer_queries(tri):
+    from atom_compile.errors import AtomValueError
+
+    q, k, v, cache, meta = _case([40, 9], 4, 4, 4, 32, torch.float32)
+    assert not tri.writes_kv(meta)
+    with pytest.raises(AtomValueError, match="max_seqlen_q"):
+        tri.triton_paged_attention(q, cache[0], cache[1], torch.empty_like(q), meta, 0.1, new_kv=(k, v))
+    q, k, v, cache, meta = _case([40, 9], 1, 4, 4, 32, torch.float32)
+    with pytest.raises(AtomValueError, match=r"\[rows, kv_heads, dim\]"):
+        tri.triton_paged_attention(q, cache[0], cache[1], torch.empty_like(q), meta, 0.1, new_kv=(k[:, :2], v))
