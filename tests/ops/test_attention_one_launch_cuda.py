@@ -103,3 +103,37 @@ def test_many_calls_agree_with_the_reference(rows):
         torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2)
     assert torch.equal(torch.stack(outs).amax(0), torch.stack(outs).amin(0))  # deterministic merge order
     assert _counters_zero(q.device)
+
+
+def test_the_kv_writing_launch_in_a_cuda_graph_follows_decode_steps():
+    # FULL-graph decode: each replay writes the step's keys and values and attends to them
+    cache, builder, tables, q = _setup(3, 1024, seed=4)
+    rows, kv_heads, dim = 3, cache.shape[3], cache.shape[4]
+    k = torch.randn(rows, kv_heads, dim, device="cuda", dtype=cache.dtype)
+    v = torch.randn_like(k)
+    lengths = [63, 1, 1000]
+    meta = _step(builder, tables, lengths)
+    assert tri.writes_kv(meta)
+    out, scale = torch.zeros_like(q), 0.125
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        tri.triton_paged_attention(q, cache[0], cache[1], out, meta, scale, new_kv=(k, v))
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tri.triton_paged_attention(q, cache[0], cache[1], out, meta, scale, new_kv=(k, v))
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(3):  # each sequence one token longer (64, 65, ...: across a span boundary)
+        lengths = [n + 1 for n in lengths]
+        meta = _step(builder, tables, lengths)
+        for t in (q, k, v):
+            t.copy_(torch.randn(t.shape, generator=gen).to(t.dtype))
+        cache_want = cache.clone()
+        ref.write_kv(k, v, cache_want, meta.slot_mapping)
+        want = _want(q, cache_want, meta, scale)
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(cache, cache_want, rtol=0, atol=0)
+        torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2)
+        assert _counters_zero(q.device)
