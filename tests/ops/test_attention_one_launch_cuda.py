@@ -137,3 +137,32 @@ def test_the_kv_writing_launch_in_a_cuda_graph_follows_decode_steps():
         torch.testing.assert_close(cache, cache_want, rtol=0, atol=0)
         torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2)
         assert _counters_zero(q.device)
+
+
+def test_a_region_bound_on_a_decode_step_runs_the_op_for_longer_queries(monkeypatch):
+    import atom_compile as ac
+
+    cache, builder, tables, q = _setup(3, 256, seed=6)
+    k = torch.randn(3, cache.shape[3], cache.shape[4], device="cuda", dtype=cache.dtype)
+    v = torch.randn_like(k)
+    out = torch.zeros_like(q)
+    calls = []
+    op = ref.paged_attention_with_output
+    monkeypatch.setattr(ref, "paged_attention_with_output", lambda *a: (calls.append(1), op(*a))[1])
+    decode = _step(builder, tables, [100, 7, 200])
+    with ac.set_forward_context(decode):
+        replay = ref.bind_paged_attention_with_output(q, k, v, out, cache, 0.125)
+        assert replay is not None
+    # the same three rows as one 2-token chunk and one decode row: same buffers, longer queries
+    steps = [ref.SequenceStep([1, 1], 99, tables[0][:7]), ref.SequenceStep([1], 201, tables[2][:13])]
+    chunk = builder.build(steps)[2]
+    assert chunk.max_seqlen_q == 2 and chunk.query_positions.data_ptr() == decode.query_positions.data_ptr()
+    cache_want = cache.clone()
+    ref.write_kv(k, v, cache_want, chunk.slot_mapping)
+    want = _want(q, cache_want, chunk, 0.125)
+    with ac.set_forward_context(chunk):
+        replay()
+    torch.cuda.synchronize()
+    assert calls == [1]  # the bound launch wrote and attended for one-row sequences: the op ran
+    torch.testing.assert_close(cache, cache_want, rtol=0, atol=0)
+    torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2)
