@@ -158,31 +158,42 @@ def unified_attention_with_output(
 
 
 def _meta_reads(meta: Any) -> Optional[tuple]:
-    """What a bound attention baked in from the step's metadata: addresses, the layout the
-    launches were planned for and whether the step is a decode (one launch writes the KV too);
-    None for anything but one PagedAttentionMetadata. The builder keeps its buffers, so the
-    steps of a recording agree."""
+    """What a bound attention baked in from the step's metadata: addresses and the layout the
+    launches were planned for (None for anything but one PagedAttentionMetadata). The builder
+    keeps its buffers, so the steps of a recording agree."""
     if not isinstance(meta, PagedAttentionMetadata):
         return None
     tables = meta.block_tables
     return (meta.slot_mapping.data_ptr(), meta.query_positions.data_ptr(), meta.token_seq.data_ptr(),
-            tables.data_ptr(), tables.stride(0), tables.shape[1], meta.max_seqlen_q == 1)
+            tables.data_ptr(), tables.stride(0), tables.shape[1])
 
 
-def _bound_launches(query, key, value, output, kv_cache, meta, scale) -> Optional[tuple]:
-    """The KV write and the attention on these exact tensors as bound Triton launches (each run
-    once now), or None off CUDA/Triton or where they cannot be bound."""
+def _bound_launches(query, key, value, output, kv_cache, meta, scale) -> Optional[dict]:
+    """The op on these exact tensors as bound Triton launches (each run once now; running them
+    again writes and computes the same), by step kind: [False] the KV write then the attention,
+    for any step; [True], where bound on a decode step, one launch doing both, for decode steps
+    (`_launches_for`). None off CUDA/Triton or where they cannot be bound."""
     kernels = _triton_kernels() if query.is_cuda else None
     if kernels is None:
         return None
     if meta.query_positions.shape[0] != query.shape[0]:
         meta = _rows_view(meta, query.shape[0])
-    if kernels.writes_kv(meta):  # decode: the attention launch writes the KV too
-        attend = kernels.bind_paged_attention(query, kv_cache[0], kv_cache[1], output, meta, scale, new_kv=(key, value))
-        return None if attend is None else tuple(attend)
     write = kernels.bind_write_kv(key, value, kv_cache, meta.slot_mapping)
     attend = kernels.bind_paged_attention(query, kv_cache[0], kv_cache[1], output, meta, scale)
-    return None if write is None or attend is None else (write, *attend)
+    if write is None or attend is None:
+        return None
+    bound = {False: (write, *attend)}
+    if kernels.writes_kv(meta):
+        fused = kernels.bind_paged_attention(query, kv_cache[0], kv_cache[1], output, meta, scale, new_kv=(key, value))
+        if fused is not None:
+            bound[True] = tuple(fused)
+    return bound
+
+
+def _launches_for(bound: dict, meta: Any) -> tuple:
+    """The bound launches right for this step: the single launch on a decode step (one row per
+    sequence), where it was bound; else the KV write and the attention."""
+    return bound.get(meta.max_seqlen_q == 1) or bound[False]
 
 
 def bind_unified_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, output: torch.Tensor,
@@ -201,10 +212,11 @@ def bind_unified_attention(query: torch.Tensor, key: torch.Tensor, value: torch.
     expected = reads(layer, meta, kv_cache)
 
     def replay() -> None:
-        if reads(*_resolve(layer_name)) != expected:
+        now = _resolve(layer_name)
+        if reads(*now) != expected:
             unified_attention_with_output(query, key, value, output, layer_name)
             return
-        for launch in launches:
+        for launch in _launches_for(launches, now[1]):
             launch()
 
     return replay
@@ -224,10 +236,11 @@ def bind_paged_attention_with_output(query: torch.Tensor, key: torch.Tensor, val
     expected = _meta_reads(meta)
 
     def replay() -> None:
-        if _meta_reads(get_forward_context().attn_metadata) != expected:
+        now = get_forward_context().attn_metadata
+        if _meta_reads(now) != expected:
             paged_attention_with_output(query, key, value, output, kv_cache, scale)
             return
-        for launch in launches:
+        for launch in _launches_for(launches, now):
             launch()
 
     return replay

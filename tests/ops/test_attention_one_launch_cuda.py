@@ -139,7 +139,7 @@ def test_the_kv_writing_launch_in_a_cuda_graph_follows_decode_steps():
         assert _counters_zero(q.device)
 
 
-def test_a_region_bound_on_a_decode_step_runs_the_op_for_longer_queries(monkeypatch):
+def test_a_region_bound_on_a_decode_step_replays_decode_as_one_launch_and_longer_queries_as_two(monkeypatch):
     import atom_compile as ac
 
     cache, builder, tables, q = _setup(3, 256, seed=6)
@@ -150,19 +150,27 @@ def test_a_region_bound_on_a_decode_step_runs_the_op_for_longer_queries(monkeypa
     op = ref.paged_attention_with_output
     monkeypatch.setattr(ref, "paged_attention_with_output", lambda *a: (calls.append(1), op(*a))[1])
     decode = _step(builder, tables, [100, 7, 200])
+    bound = ref._bound_launches(q, k, v, out, cache, decode, 0.125)
+    assert len(ref._launches_for(bound, decode)) == 1 and len(bound[False]) == 2
     with ac.set_forward_context(decode):
         replay = ref.bind_paged_attention_with_output(q, k, v, out, cache, 0.125)
         assert replay is not None
-    # the same three rows as one 2-token chunk and one decode row: same buffers, longer queries
-    steps = [ref.SequenceStep([1, 1], 99, tables[0][:7]), ref.SequenceStep([1], 201, tables[2][:13])]
-    chunk = builder.build(steps)[2]
-    assert chunk.max_seqlen_q == 2 and chunk.query_positions.data_ptr() == decode.query_positions.data_ptr()
-    cache_want = cache.clone()
-    ref.write_kv(k, v, cache_want, chunk.slot_mapping)
-    want = _want(q, cache_want, chunk, 0.125)
-    with ac.set_forward_context(chunk):
-        replay()
-    torch.cuda.synchronize()
-    assert calls == [1]  # the bound launch wrote and attended for one-row sequences: the op ran
-    torch.testing.assert_close(cache, cache_want, rtol=0, atol=0)
-    torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2)
+    gen = torch.Generator().manual_seed(8)
+    chunk = [ref.SequenceStep([1, 1], 101, tables[0][:7]), ref.SequenceStep([1], 201, tables[2][:13])]
+    # the next decode step (the single launch), then the same three rows as one 2-token chunk and
+    # one decode row (the same buffers, longer queries: the write launch, then the attention)
+    kinds = []
+    for build in (lambda: _step(builder, tables, [101, 8, 201]), lambda: builder.build(chunk)[2]):
+        meta = build()
+        kinds.append(meta.max_seqlen_q)
+        for t in (q, k, v):
+            t.copy_(torch.randn(t.shape, generator=gen).to(t.dtype))
+        cache_want = cache.clone()
+        ref.write_kv(k, v, cache_want, meta.slot_mapping)
+        want = _want(q, cache_want, meta, 0.125)
+        with ac.set_forward_context(meta):
+            replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(cache, cache_want, rtol=0, atol=0)
+        torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2)
+    assert kinds == [1, 2] and calls == []  # both replayed bound launches, not the op
