@@ -174,3 +174,31 @@ def test_a_region_bound_on_a_decode_step_replays_decode_as_one_launch_and_longer
         torch.testing.assert_close(cache, cache_want, rtol=0, atol=0)
         torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2)
     assert kinds == [1, 2] and calls == []  # both replayed bound launches, not the op
+
+
+def test_counters_first_made_inside_a_capture_are_zeroed_for_the_graph_and_after_it():
+    cache, builder, tables, q = _setup(2, 1024, seed=9)
+    meta = _step(builder, tables, [900, 300])
+    out, scale = torch.zeros_like(q), 0.125
+    tri.triton_paged_attention(q, cache[0], cache[1], out, meta, scale)  # compiled before the capture
+    torch.cuda.synchronize()
+    saved = tri._tickets.pop(q.device)  # as if the first call of the process were captured
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            tri.triton_paged_attention(q, cache[0], cache[1], out, meta, scale)
+        fresh = tri._tickets[q.device]
+        assert fresh is not saved and q.device in tri._dirty_tickets
+        fresh.fill_(7)  # garbage where the capture's zeroing has not run yet
+        graph.replay()  # the graph zeroes its counters itself
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, _want(q, cache, meta, scale), rtol=2e-2, atol=2e-2)
+        fresh.fill_(7)
+        out2 = torch.zeros_like(q)
+        tri.triton_paged_attention(q, cache[0], cache[1], out2, meta, scale)  # outside: zeroed first
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out2, out, rtol=0, atol=0)
+        assert q.device not in tri._dirty_tickets and _counters_zero(q.device)
+    finally:
+        tri._tickets[q.device] = saved
+        tri._dirty_tickets.discard(q.device)
