@@ -40,14 +40,14 @@ def _write_own_kv(k_ptr, v_ptr, new_k_ptr, new_v_ptr, slot_ptr, row, kv_head, of
 
 
 @triton.jit
-def _attend_own_key(q, k_ptr, new_k_ptr, new_v_ptr, row, kv_head, offs_d, d_mask,
+def _attend_own_key(q, k_ptr, v_ptr, new_k_ptr, new_v_ptr, row, kv_head, offs_d, d_mask,
                     stride_nkt, stride_nkh, stride_nvt, stride_nvh, m_i, l_i, acc):
     # the online-softmax step for the row's own key, read from the step's key and value (as
     # the cache will hold them) rather than from the cache another program is writing
     k = tl.load(new_k_ptr + row * stride_nkt + kv_head * stride_nkh + offs_d, mask=d_mask, other=0.0)
     v = tl.load(new_v_ptr + row * stride_nvt + kv_head * stride_nvh + offs_d, mask=d_mask, other=0.0)
     k = k.to(k_ptr.dtype.element_ty).to(tl.float32)
-    v = v.to(k_ptr.dtype.element_ty).to(tl.float32)
+    v = v.to(v_ptr.dtype.element_ty).to(tl.float32)
     s = tl.sum(q.to(tl.float32) * k[None, :], axis=1)  # [G_PAD]
     m_new = tl.maximum(m_i, s)
     p = tl.exp(s - m_new)
@@ -172,7 +172,7 @@ def _attention_kernel(
                                       G_PAD, D_PAD, BLOCK_SIZE, BLOCK_N, IEEE)
         if WRITE_KV:
             if (pos >= first) & (pos < last):
-                m_i, l_i, acc = _attend_own_key(q, k_ptr, new_k_ptr, new_v_ptr, row, kv_head, offs_d, d_mask,
+                m_i, l_i, acc = _attend_own_key(q, k_ptr, v_ptr, new_k_ptr, new_v_ptr, row, kv_head, offs_d, d_mask,
                                                 stride_nkt, stride_nkh, stride_nvt, stride_nvh, m_i, l_i, acc)
         if active == 1:  # the whole row in one span: no partials, no ticket
             _store_heads(out_ptr, row, heads, offs_d, g_mask, d_mask, stride_ot, stride_oh, acc, l_i)
