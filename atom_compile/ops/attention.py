@@ -94,7 +94,9 @@ def paged_attention(query, key, value, output, kv_cache, meta: PagedAttentionMet
     if meta.query_positions.shape[0] != rows:
         meta = _rows_view(meta, rows)
     kernels = _triton_kernels() if query.is_cuda else None
-    if kernels is not None:
+    if kernels is not None and kernels.writes_kv(meta):  # decode: one launch writes and attends
+        kernels.triton_paged_attention(query, kv_cache[0], kv_cache[1], output, meta, scale, new_kv=(key, value))
+    elif kernels is not None:
         kernels.triton_write_kv(key, value, kv_cache, meta.slot_mapping)
         kernels.triton_paged_attention(query, kv_cache[0], kv_cache[1], output, meta, scale)
     else:
@@ -166,9 +168,11 @@ def _meta_reads(meta: Any) -> Optional[tuple]:
             tables.data_ptr(), tables.stride(0), tables.shape[1])
 
 
-def _bound_launches(query, key, value, output, kv_cache, meta, scale) -> Optional[tuple]:
-    """The KV write and the attention on these exact tensors as bound Triton launches (each run
-    once now), or None off CUDA/Triton or where they cannot be bound."""
+def _bound_launches(query, key, value, output, kv_cache, meta, scale) -> Optional[dict]:
+    """The op on these exact tensors as bound Triton launches (each run once now; running them
+    again writes and computes the same), by step kind: [False] the KV write then the attention,
+    for any step; [True], where bound on a decode step, one launch doing both, for decode steps
+    (`_launches_for`). None off CUDA/Triton or where they cannot be bound."""
     kernels = _triton_kernels() if query.is_cuda else None
     if kernels is None:
         return None
@@ -176,13 +180,26 @@ def _bound_launches(query, key, value, output, kv_cache, meta, scale) -> Optiona
         meta = _rows_view(meta, query.shape[0])
     write = kernels.bind_write_kv(key, value, kv_cache, meta.slot_mapping)
     attend = kernels.bind_paged_attention(query, kv_cache[0], kv_cache[1], output, meta, scale)
-    return None if write is None or attend is None else (write, *attend)
+    if write is None or attend is None:
+        return None
+    bound = {False: (write, *attend)}
+    if kernels.writes_kv(meta):
+        fused = kernels.bind_paged_attention(query, kv_cache[0], kv_cache[1], output, meta, scale, new_kv=(key, value))
+        if fused is not None:
+            bound[True] = tuple(fused)
+    return bound
+
+
+def _launches_for(bound: dict, meta: Any) -> tuple:
+    """The bound launches right for this step: the single launch on a decode step (one row per
+    sequence), where it was bound; else the KV write and the attention."""
+    return bound.get(meta.max_seqlen_q == 1) or bound[False]
 
 
 def bind_unified_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, output: torch.Tensor,
                            layer_name: str) -> Optional[Callable[[], None]]:
-    """The op on a token graph's recorded tensors as three bound Triton launches (an eager
-    region's replay then costs a check of what it reads plus the launches, not the op's Python),
+    """The op on a token graph's recorded tensors as bound Triton launches, one for a decode step
+    (KV write and attention, two otherwise; a replay then costs a check and the launches),
     or None off CUDA/Triton. A replay whose forward context no longer matches runs the op."""
     layer, meta, kv_cache = _resolve(layer_name)
     launches = _bound_launches(query, key, value, output, kv_cache, meta, layer.scale)
@@ -195,10 +212,11 @@ def bind_unified_attention(query: torch.Tensor, key: torch.Tensor, value: torch.
     expected = reads(layer, meta, kv_cache)
 
     def replay() -> None:
-        if reads(*_resolve(layer_name)) != expected:
+        now = _resolve(layer_name)
+        if reads(*now) != expected:
             unified_attention_with_output(query, key, value, output, layer_name)
             return
-        for launch in launches:
+        for launch in _launches_for(launches, now[1]):
             launch()
 
     return replay
@@ -218,10 +236,11 @@ def bind_paged_attention_with_output(query: torch.Tensor, key: torch.Tensor, val
     expected = _meta_reads(meta)
 
     def replay() -> None:
-        if _meta_reads(get_forward_context().attn_metadata) != expected:
+        now = get_forward_context().attn_metadata
+        if _meta_reads(now) != expected:
             paged_attention_with_output(query, key, value, output, kv_cache, scale)
             return
-        for launch in launches:
+        for launch in _launches_for(launches, now):
             launch()
 
     return replay

@@ -47,20 +47,20 @@ def _both(q, k, v, cache, meta):
 def test_direct_launch_after_the_first_call_matches_the_reference():
     for seed in range(4):  # seed 0 compiles (JIT path), the others launch directly
         _both(*_case(seed))
-    assert tri._span_launch.direct and tri._merge_launch.direct and tri._write_launch.direct
-    assert len(tri._span_launch.compiled) >= 1
+    assert tri._attention_launch.direct and tri._write_launch.direct
+    assert len(tri._attention_launch.compiled) >= 1
 
 
 def test_a_misaligned_view_is_a_new_specialisation_and_still_right():
     q, k, v, cache, meta = _case(7)
     _both(q, k, v, cache, meta)
-    before = len(tri._span_launch.compiled)
+    before = len(tri._attention_launch.compiled)
     wide = torch.empty(q.numel() + 1, dtype=q.dtype, device="cuda")
     shifted = wide[1:].view(q.shape)  # 2 bytes off a 16-byte boundary
     shifted.copy_(q)
     assert shifted.data_ptr() % 16 != 0
     _both(shifted, k, v, cache, meta)
-    assert len(tri._span_launch.compiled) == before + 1
+    assert len(tri._attention_launch.compiled) == before + 1
 
 
 def test_direct_launch_records_in_a_cuda_graph():
@@ -139,8 +139,8 @@ def test_a_specialisation_first_seen_after_warmup_is_counted_and_warned(caplog):
             _both(*_case(1))  # the same specialisation, new data: nothing compiles
         before = compilation_counter.num_triton_compiles_after_warmup
         _both(*_case(2, heads=12, kv_heads=4, dim=48))  # a head size the warm-up never saw
-        assert compilation_counter.num_triton_compiles_after_warmup - before >= 2  # KV write + span (+ merge)
+        assert compilation_counter.num_triton_compiles_after_warmup - before >= 2  # KV write + attention
         warned = [r.getMessage() for r in caplog.records if "after warm-up" in r.getMessage()]
-        assert any("_attention_span_kernel" in w and "(3, 12, 48) bfloat16" in w for w in warned), warned
+        assert any("_attention_kernel" in w and "(3, 12, 48) bfloat16" in w for w in warned), warned
     finally:
         jit_watch.stop_watching()

@@ -63,3 +63,112 @@ def test_matches_reference(tri, dtype, heads, kv_heads, lengths, q_len, pad):
     tol = 1e-5 if dtype == torch.float32 else 2e-3
     torch.testing.assert_close(got[real].float(), want[real].float(), atol=tol, rtol=tol)
     assert torch.all(got[~real] == 0)  # padding rows see no key: zeros, never NaN
+
+
+def _attend(tri, q, k, v, cache, meta, scale):
+    """The reference and the Triton op on copies of `cache`: (want, got) for the real rows."""
+    want = torch.zeros_like(q)
+    cache_ref = cache.clone()
+    ref.write_kv(k, v, cache_ref, meta.slot_mapping)
+    ref._torch_paged_attention(q, cache_ref[0], cache_ref[1], want, meta, scale)
+    got = torch.full_like(q, float("nan"))
+    tri.triton_write_kv(k, v, cache, meta.slot_mapping)
+    tri.triton_paged_attention(q, cache[0], cache[1], got, meta, scale)
+    return want, got
+
+
+# 1 key; a span boundary (64 keys: one span of BLOCK_N at these sizes) and one past it; lengths
+# that are no multiple of the block size; many spans; a batch mixing them with a padding row
+LENGTHS = [[1], [64], [65], [37], [1000], [1, 64, 129, 1000, 37]]
+
+
+# float16, not bfloat16: the interpreter's tl.dot reads bfloat16 operands as raw bits (Triton 3.9)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("heads,kv_heads,dim", [(8, 2, 64), (8, 1, 128), (4, 4, 64)])
+@pytest.mark.parametrize("lengths", LENGTHS)
+def test_one_launch_split_k_matches_reference(tri, monkeypatch, dtype, heads, kv_heads, dim, lengths):
+    q, k, v, cache, meta = _case(lengths, 1, heads, kv_heads, dim, dtype, pad_seqs=1, seed=len(lengths) + dim)
+    plan = tri._plan_for(q, cache[0], meta)
+    assert plan.num_splits == -(-meta.block_tables.shape[1] * 16 // plan.keys_per_split)
+    if max(lengths) > plan.keys_per_split:
+        assert plan.num_splits > 1 and plan.tickets == q.shape[0] * kv_heads  # the merge path runs
+    launches = []
+    call = type(tri._attention_launch).__call__
+
+    def counted(self, *args, **kwargs):
+        launches.append(self)
+        return call(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(tri._attention_launch), "__call__", counted)
+    want, got = _attend(tri, q, k, v, cache, meta, dim ** -0.5)
+    assert launches[1:] == [tri._attention_launch]  # the KV write, then ONE attention launch
+    real = meta.slot_mapping >= 0
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    torch.testing.assert_close(got[real].float(), want[real].float(), atol=tol, rtol=tol)
+    assert torch.all(got[~real] == 0)
+    assert int(tri._tickets[q.device].abs().sum()) == 0  # every ticket counter back at 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_repeated_calls_restart_the_tickets_from_zero(tri, dtype):
+    q, k, v, cache, meta = _case([700, 3, 200], 1, 8, 2, 64, dtype, seed=5)
+    assert tri._plan_for(q, cache[0], meta).num_splits > 1
+    gen = torch.Generator().manual_seed(9)
+    for _ in range(3):  # new queries and new keys each call: a stale counter would skip or repeat a merge
+        q = torch.randn(q.shape, generator=gen).to(dtype)
+        k = torch.randn(k.shape, generator=gen).to(dtype)
+        want, got = _attend(tri, q, k, v, cache, meta, 0.125)
+        tol = 1e-5 if dtype == torch.float32 else 2e-3
+        torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+        assert int(tri._tickets[q.device].abs().sum()) == 0
+
+
+def test_a_counter_left_nonzero_is_what_the_reset_prevents(tri):
+    # the counters matter: a ticket counter that did not start at 0 makes the wrong program
+    # merge (too early or never), so the output is wrong; this is what the reset keeps away
+    q, k, v, cache, meta = _case([900], 1, 8, 2, 64, torch.float32, seed=3)
+    want, got = _attend(tri, q, k, v, cache, meta, 0.125)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    tri._tickets[q.device][:2] = 1
+    try:
+        q = torch.randn(q.shape, generator=torch.Generator().manual_seed(4))  # new queries: stale partials differ
+        want, got = _attend(tri, q, k, v, cache, meta, 0.125)
+        assert not torch.allclose(got, want, atol=1e-3, rtol=1e-3)
+    finally:
+        tri._tickets[q.device].zero_()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("heads,kv_heads,dim", [(8, 2, 64), (8, 1, 128), (4, 4, 64)])
+@pytest.mark.parametrize("lengths", LENGTHS + [[16, 17, 2]])
+def test_the_launch_that_also_writes_the_kv_matches_write_then_attend(tri, dtype, heads, kv_heads, dim, lengths):
+    # decode: the row's own (new) key at position len-1 sits at a span's start, end or middle
+    q, k, v, cache, meta = _case(lengths, 1, heads, kv_heads, dim, dtype, pad_seqs=1, seed=len(lengths) + 7)
+    assert tri.writes_kv(meta)
+    scale = dim ** -0.5
+    want = torch.zeros_like(q)
+    cache_ref = cache.clone()
+    ref.write_kv(k, v, cache_ref, meta.slot_mapping)
+    ref._torch_paged_attention(q, cache_ref[0], cache_ref[1], want, meta, scale)
+    got = torch.full_like(q, float("nan"))
+    cache_tri = cache.clone()
+    tri.triton_paged_attention(q, cache_tri[0], cache_tri[1], got, meta, scale, new_kv=(k, v))
+    assert torch.equal(cache_tri[:, :-1], cache_ref[:, :-1])  # the new keys and values, nothing else
+    assert torch.equal(cache_tri[:, -1], cache[:, -1])  # padding rows write nothing
+    real = meta.slot_mapping >= 0
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    torch.testing.assert_close(got[real].float(), want[real].float(), atol=tol, rtol=tol)
+    assert torch.all(got[~real] == 0)
+    assert int(tri._tickets[q.device].abs().sum()) == 0
+
+
+def test_the_kv_writing_launch_refuses_a_step_with_longer_queries(tri):
+    from atom_compile.errors import AtomValueError
+
+    q, k, v, cache, meta = _case([40, 9], 4, 4, 4, 32, torch.float32)
+    assert not tri.writes_kv(meta)
+    with pytest.raises(AtomValueError, match="max_seqlen_q"):
+        tri.triton_paged_attention(q, cache[0], cache[1], torch.empty_like(q), meta, 0.1, new_kv=(k, v))
+    q, k, v, cache, meta = _case([40, 9], 1, 4, 4, 32, torch.float32)
+    with pytest.raises(AtomValueError, match=r"\[rows, kv_heads, dim\]"):
+        tri.triton_paged_attention(q, cache[0], cache[1], torch.empty_like(q), meta, 0.1, new_kv=(k[:, :2], v))

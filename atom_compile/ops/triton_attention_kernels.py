@@ -1,0 +1,206 @@
+"""The Triton kernels of the paged attention (ops/triton_attention.py launches them).
+
+`_attention_kernel` is the decode attention in one launch, split along the keys
+(flash-decoding): each program reduces one span of a row's context for one KV head and its
+group of query heads; where a row's context spans several programs, each writes its partial
+(max, sum, output) to a float32 scratch and takes a ticket from a per-(row, KV head) int32
+counter, and the program that takes the last ticket merges the partials and sets the counter
+back to 0, so the next call (or a CUDA graph's replay) finds it zeroed with no memset and no
+second launch. With WRITE_KV (a decode step: one row per sequence) the same launch writes each
+row's new key and value to the cache and attends to them from its inputs, so no program reads a
+slot another is writing. `_write_kv_kernel` stores the step's keys and values in the paged cache.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _store_heads(out_ptr, row, heads, offs_d, g_mask, d_mask, stride_ot, stride_oh, acc, l_i):
+    # the normalised output of the group's heads; a row that saw no key (padding) gets zeros
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(out_ptr + row * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+
+
+@triton.jit
+def _write_own_kv(k_ptr, v_ptr, new_k_ptr, new_v_ptr, slot_ptr, row, kv_head, offs_d, d_mask,
+                  stride_nkt, stride_nkh, stride_nvt, stride_nvh, stride_kb, stride_ks, stride_kh,
+                  BLOCK_SIZE: tl.constexpr):
+    # the row's new key and value into its cache slot (padding rows, slot -1, write nothing)
+    slot = tl.load(slot_ptr + row).to(tl.int64)
+    if slot >= 0:
+        k = tl.load(new_k_ptr + row * stride_nkt + kv_head * stride_nkh + offs_d, mask=d_mask)
+        v = tl.load(new_v_ptr + row * stride_nvt + kv_head * stride_nvh + offs_d, mask=d_mask)
+        dst = (slot // BLOCK_SIZE) * stride_kb + (slot % BLOCK_SIZE) * stride_ks + kv_head * stride_kh + offs_d
+        tl.store(k_ptr + dst, k.to(k_ptr.dtype.element_ty), mask=d_mask)
+        tl.store(v_ptr + dst, v.to(v_ptr.dtype.element_ty), mask=d_mask)
+
+
+@triton.jit
+def _attend_own_key(q, k_ptr, v_ptr, new_k_ptr, new_v_ptr, row, kv_head, offs_d, d_mask,
+                    stride_nkt, stride_nkh, stride_nvt, stride_nvh, m_i, l_i, acc):
+    # the online-softmax step for the row's own key, read from the step's key and value (as
+    # the cache will hold them) rather than from the cache another program is writing
+    k = tl.load(new_k_ptr + row * stride_nkt + kv_head * stride_nkh + offs_d, mask=d_mask, other=0.0)
+    v = tl.load(new_v_ptr + row * stride_nvt + kv_head * stride_nvh + offs_d, mask=d_mask, other=0.0)
+    k = k.to(k_ptr.dtype.element_ty).to(tl.float32)
+    v = v.to(v_ptr.dtype.element_ty).to(tl.float32)
+    s = tl.sum(q.to(tl.float32) * k[None, :], axis=1)  # [G_PAD]
+    m_new = tl.maximum(m_i, s)
+    p = tl.exp(s - m_new)
+    alpha = tl.exp(m_i - m_new)
+    acc = acc * alpha[:, None] + p[:, None] * v[None, :]
+    l_i = l_i * alpha + p
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _span_partial(q, k_ptr, v_ptr, tables_ptr, seq, kv_head, first, end, offs_d, d_mask,
+                  stride_kb, stride_ks, stride_kh, stride_bt,
+                  G_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                  IEEE: tl.constexpr):
+    # the online softmax over the cached keys [first, end) of one sequence: (max, sum, output)
+    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
+    for start in range(first, end, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        block = tl.load(tables_ptr + seq * stride_bt + offs_n // BLOCK_SIZE, mask=n_mask, other=0)
+        base = block.to(tl.int64) * stride_kb + (offs_n % BLOCK_SIZE) * stride_ks + kv_head * stride_kh
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_ptr + base[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")  # [G_PAD, BLOCK_N]
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        v = tl.load(v_ptr + base[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        if IEEE:
+            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _publish_partial(acc_ptr, ml_ptr, ticket_ptr, slot, offs_d, g_mask, m_i, l_i, acc, D_PAD: tl.constexpr):
+    # the span's partial to the scratch, then a ticket: every thread's stores come before the
+    # ticket's release (CTA barrier, then a gpu-scope acq_rel add), and the program that takes
+    # the last ticket acquires every span's partial with it
+    tl.store(acc_ptr + slot[:, None] * D_PAD + offs_d[None, :], acc, mask=g_mask[:, None])
+    tl.store(ml_ptr + slot * 2, m_i, mask=g_mask)
+    tl.store(ml_ptr + slot * 2 + 1, l_i, mask=g_mask)
+    tl.debug_barrier()
+    return tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")
+
+
+@triton.jit
+def _merge_partials(acc_ptr, ml_ptr, base_slot, active, offs_d, g_mask, G_PAD: tl.constexpr, D_PAD: tl.constexpr):
+    # the spans' partials, merged in span order (the same result whichever program merges);
+    # .cg loads: from L2, where the other programs' stores went, never a stale L1 line
+    m_all = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_all = tl.zeros([G_PAD], tl.float32)
+    acc_all = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
+    for s_idx in range(0, active):
+        part = base_slot + s_idx
+        m_s = tl.load(ml_ptr + part * 2, mask=g_mask, other=0.0, cache_modifier=".cg")
+        l_s = tl.load(ml_ptr + part * 2 + 1, mask=g_mask, other=0.0, cache_modifier=".cg")
+        acc_s = tl.load(acc_ptr + part[:, None] * D_PAD + offs_d[None, :], mask=g_mask[:, None],
+                        other=0.0, cache_modifier=".cg")
+        m_new = tl.maximum(m_all, m_s)  # every active span saw a key: m_s is finite
+        alpha = tl.exp(m_all - m_new)
+        beta = tl.exp(m_s - m_new)
+        acc_all = acc_all * alpha[:, None] + acc_s * beta[:, None]
+        l_all = l_all * alpha + l_s * beta
+        m_all = m_new
+    return m_all, l_all, acc_all
+
+
+@triton.jit
+def _attention_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, acc_ptr, tickets_ptr, tables_ptr, token_seq_ptr, query_pos_ptr,
+    new_k_ptr, new_v_ptr, slot_ptr,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_bt,
+    stride_nkt, stride_nkh, stride_nvt, stride_nvh,
+    scale, num_heads, num_kv_heads, num_splits, keys_per_split, ml_offset,
+    GROUP: tl.constexpr, G_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, IEEE: tl.constexpr, WRITE_KV: tl.constexpr,
+):
+    # WRITE_KV (decode steps, one row per sequence): the row's own key and value, new this step,
+    # are written to the cache by span 0 and attended from the inputs by the span holding them.
+    # One program: one query row, one KV head with ALL the query heads of its group (GQA: the
+    # keys and values are read once for the group), one span of the context. The group's
+    # heads are padded to G_PAD >= 16 rows so both products run as tensor-core dots.
+    row = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    span = tl.program_id(2)
+    offs_d = tl.arange(0, D_PAD)
+    offs_g = tl.arange(0, G_PAD)
+    d_mask = offs_d < HEAD_DIM
+    g_mask = offs_g < GROUP
+    pos = tl.load(query_pos_ptr + row)
+    n_keys = tl.maximum(pos + 1, 0)  # padding rows (position -1) see no key
+    active = tl.maximum(tl.cdiv(n_keys, keys_per_split), 1)  # spans this row's length covers
+    if span < active:
+        first = span * keys_per_split
+        last = tl.minimum(n_keys, first + keys_per_split)
+        if WRITE_KV:
+            if span == 0:
+                _write_own_kv(k_ptr, v_ptr, new_k_ptr, new_v_ptr, slot_ptr, row, kv_head, offs_d, d_mask,
+                              stride_nkt, stride_nkh, stride_nvt, stride_nvh, stride_kb, stride_ks, stride_kh,
+                              BLOCK_SIZE)
+            cached_end = tl.minimum(last, pos)  # the cache holds keys [0, pos); key pos is new
+        else:
+            cached_end = last
+        seq = tl.load(token_seq_ptr + row)
+        heads = kv_head * GROUP + offs_g
+        q_off = row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
+        q = tl.load(q_ptr + q_off, mask=g_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32)
+        q = (q * scale).to(k_ptr.dtype.element_ty)
+        m_i, l_i, acc = _span_partial(q, k_ptr, v_ptr, tables_ptr, seq, kv_head, first, cached_end, offs_d, d_mask,
+                                      stride_kb, stride_ks, stride_kh, stride_bt,
+                                      G_PAD, D_PAD, BLOCK_SIZE, BLOCK_N, IEEE)
+        if WRITE_KV:
+            if (pos >= first) & (pos < last):
+                m_i, l_i, acc = _attend_own_key(q, k_ptr, v_ptr, new_k_ptr, new_v_ptr, row, kv_head, offs_d, d_mask,
+                                                stride_nkt, stride_nkh, stride_nvt, stride_nvh, m_i, l_i, acc)
+        if active == 1:  # the whole row in one span: no partials, no ticket
+            _store_heads(out_ptr, row, heads, offs_d, g_mask, d_mask, stride_ot, stride_oh, acc, l_i)
+        else:
+            ml_ptr = acc_ptr + ml_offset  # the partial maxima and sums follow the partial outputs
+            ticket_ptr = tickets_ptr + row * num_kv_heads + kv_head
+            ticket = _publish_partial(acc_ptr, ml_ptr, ticket_ptr, (row * num_heads + heads) * num_splits + span,
+                                      offs_d, g_mask, m_i, l_i, acc, D_PAD)
+            if ticket == active - 1:  # the last span of (row, kv head) to finish merges them all
+                tl.store(ticket_ptr, 0)  # every span has taken its ticket: ready for the next call
+                m_i, l_i, acc = _merge_partials(acc_ptr, ml_ptr, (row * num_heads + heads) * num_splits, active,
+                                                offs_d, g_mask, G_PAD, D_PAD)
+                _store_heads(out_ptr, row, heads, offs_d, g_mask, d_mask, stride_ot, stride_oh, acc, l_i)
+
+
+@triton.jit
+def _write_kv_kernel(
+    k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs, stride_ch,
+    HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr,
+):
+    row = tl.program_id(0)
+    slot = tl.load(slot_ptr + row)
+    if slot >= 0:  # padding rows (slot -1) write nothing
+        offs_h = tl.arange(0, H_PAD)[:, None]
+        offs_d = tl.arange(0, D_PAD)[None, :]
+        mask = (offs_h < HEADS) & (offs_d < HEAD_DIM)
+        k = tl.load(k_ptr + row * stride_kt + offs_h * stride_kh + offs_d, mask=mask)
+        v = tl.load(v_ptr + row * stride_vt + offs_h * stride_vh + offs_d, mask=mask)
+        dst = slot.to(tl.int64) * stride_cs + offs_h * stride_ch + offs_d
+        tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty), mask=mask)
+        tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=mask)

@@ -1,0 +1,134 @@
+"""Kernel micro-benchmark: the Triton decode attention (one launch per layer) at decode shapes.
+
+Llama-3.2-1B attention (32 heads, 8 KV heads, head size 64), bf16, paged KV (block 16), every
+row at the same context length. For each batch size: microseconds per call and the KV
+bandwidth it reaches (bytes of K and V read / time), against a device-to-device copy's.
+
+Timed two ways, each the median of CUDA-event timings of --iters runs: inside a CUDA graph of
+one call per KV cache copy (as a FULL decode graph runs it; enough copies, >= 256 MB, that none
+is served from L2), divided by the copies; and eager (one call between two events, the host's
+launch cost included, as a token graph's eager region runs it). "with KV write" is the whole
+decode op per layer in the graph: the step's key and value written, then attended (one launch
+where the tree has `writes_kv`, else the write launch and the attention launch), so the same
+script on an older tree measures what the one-launch kernel replaced.
+
+    python benchmarks/attention_kernel.py [--batch 1,8,32] [--context 1024] [--iters 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import torch
+
+HEADS, KV_HEADS, DIM, BLOCK = 32, 8, 64, 16
+
+
+def _timed(fn, iters: int) -> float:
+    """Median milliseconds of `fn` between two CUDA events, over `iters` runs."""
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _decode_op(ta, q, k, v, cache, out, meta, scale) -> None:
+    """The step's KV write and the attention, as the op runs them on this tree."""
+    if getattr(ta, "writes_kv", None) is not None and ta.writes_kv(meta):
+        ta.triton_paged_attention(q, cache[0], cache[1], out, meta, scale, new_kv=(k, v))
+    else:
+        ta.triton_write_kv(k, v, cache, meta.slot_mapping)
+        ta.triton_paged_attention(q, cache[0], cache[1], out, meta, scale)
+
+
+def _graph_us(calls, iters: int) -> float:
+    """Median microseconds per call of `calls` (closures), replayed as one CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        for call in calls:  # warm: every specialisation compiled before the capture
+            call()
+        with torch.cuda.graph(graph, stream=stream):
+            for call in calls:
+                call()
+    torch.cuda.synchronize()
+    return _timed(graph.replay, iters) * 1e3 / len(calls)
+
+
+def _case(batch: int, context: int, copies: int):
+    from atom_compile.ops import attention as ref
+
+    blocks = context // BLOCK
+    builder = ref.PagedAttentionMetadataBuilder(batch, batch, blocks, BLOCK, device="cuda")
+    steps = [ref.SequenceStep([1], context - 1, list(range(s * blocks, (s + 1) * blocks))) for s in range(batch)]
+    meta = builder.build(steps)[2]
+    caches = [torch.randn(2, batch * blocks + 1, BLOCK, KV_HEADS, DIM, device="cuda", dtype=torch.bfloat16)
+              for _ in range(copies)]
+    q = torch.randn(batch, HEADS, DIM, device="cuda", dtype=torch.bfloat16)
+    return q, caches, meta
+
+
+def bench(batch: int, context: int, iters: int) -> dict:
+    """One batch size: correctness against the reference, then graph and eager timings."""
+    from atom_compile.ops import attention as ref
+    from atom_compile.ops import triton_attention as ta
+
+    kv_bytes = 2 * batch * context * KV_HEADS * DIM * 2  # K and V, bf16
+    copies = max(1, (256 << 20) // (kv_bytes + 1))
+    q, caches, meta = _case(batch, context, min(copies, 512))
+    out, scale = torch.empty_like(q), DIM ** -0.5
+    want = torch.zeros_like(q)
+    ref._torch_paged_attention(q, caches[0][0], caches[0][1], want, meta, scale)
+    ta.triton_paged_attention(q, caches[0][0], caches[0][1], out, meta, scale)
+    torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2)
+    graph_us = _graph_us([lambda c=c: ta.triton_paged_attention(q, c[0], c[1], out, meta, scale)
+                          for c in caches], iters)
+    k = torch.randn(batch, KV_HEADS, DIM, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    op_us = _graph_us([lambda c=c: _decode_op(ta, q, k, v, c, out, meta, scale) for c in caches], iters)
+    eager_us = _timed(lambda: ta.triton_paged_attention(q, caches[0][0], caches[0][1], out, meta, scale), iters) * 1e3
+    plan = ta._plan_for(q, caches[0][0], meta)
+    return {"graph_us": graph_us, "op_us": op_us, "eager_us": eager_us, "tb_s": kv_bytes / graph_us / 1e6,
+            "splits": plan.num_splits, "copies": len(caches)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", default="1,8,32", help="comma-separated batch sizes")
+    ap.add_argument("--context", type=int, default=1024, help="keys per row (a multiple of 16)")
+    ap.add_argument("--iters", type=int, default=200, help="timed runs per measurement (>= 100)")
+    args = ap.parse_args()
+    batches = [int(b) for b in args.batch.split(",")]
+    if args.context <= 0 or args.context % BLOCK or args.iters < 100 or min(batches) <= 0:
+        ap.error(f"--context must be a positive multiple of {BLOCK}, --iters >= 100, batches > 0")
+    if not torch.cuda.is_available():
+        sys.exit("attention_kernel.py: needs a CUDA GPU (torch.cuda.is_available() is False)")
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        sys.exit("attention_kernel.py: needs Triton (pip install triton)")
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    copy_tb_s = 2 * n / (_timed(lambda: b.copy_(a), 100) * 1e-3) / 1e12
+    del a, b
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__}; "
+          f"copy {copy_tb_s:.2f} TB/s; {HEADS} heads, {KV_HEADS} KV heads, dim {DIM}, context {args.context}, bf16")
+    print("| batch | spans | graph us/call | KV TB/s | of copy | with KV write us | eager us/call |")
+    print("|---|---|---|---|---|---|---|")
+    for batch in batches:
+        r = bench(batch, args.context, args.iters)
+        print(f"| {batch} | {r['splits']} | {r['graph_us']:.2f} | {r['tb_s']:.2f} | "
+              f"{r['tb_s'] / copy_tb_s:.0%} | {r['op_us']:.2f} | {r['eager_us']:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
