@@ -18,6 +18,7 @@ import torch.fx as fx
 
 from ..config import CompilationConfig
 from ..counters import compilation_counter
+from ..ops import kernel_dir
 from .base import CompilerInterface, EagerAdaptor, Handle
 
 logger = logging.getLogger("atom_compile")
@@ -177,6 +178,8 @@ class InductorStandaloneAdaptor(CompilerInterface):
         device = _graph_device(example_inputs)
         if device == "cpu" and key is not None:
             prime_cpu_isa(self.isa_dir or self.inductor_dir)
+        elif device == "cuda":
+            kernel_dir.prepare_triton_driver()
         with torch.no_grad(), inductor_files_in(self.inductor_dir if key is not None else None):
             artifact = torch._inductor.standalone_compile(
                 graph, list(example_inputs), dynamic_shapes=dynamic_shapes,
@@ -214,6 +217,8 @@ class InductorStandaloneAdaptor(CompilerInterface):
         path = os.path.join(self.cache_dir or "", handle["path"])
         if handle.get("device", "cpu") == "cpu":
             prime_cpu_isa(self.isa_dir or self.inductor_dir)
+        elif handle.get("device") == "cuda":
+            kernel_dir.prepare_triton_driver()
         with inductor_files_in(self.inductor_dir):
             artifact = CompiledArtifact.load(path=path, format="binary")
         return _unwrapped(artifact, bool(handle.get("single_output")))
