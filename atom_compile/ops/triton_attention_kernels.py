@@ -105,30 +105,23 @@ def _publish_partial(acc_ptr, ml_ptr, ticket_ptr, slot, offs_d, g_mask, m_i, l_i
 
 
 @triton.jit
-def _merge_partials(acc_ptr, ml_ptr, base_slot, active, offs_d, g_mask, G_PAD: tl.constexpr, D_PAD: tl.constexpr,
-                    CHUNK: tl.constexpr):
-    # the spans' partials merged CHUNK at a time: each chunk's loads are issued together (one
-    # L2 round trip per chunk, not per span: at batch 1 a row has 16 spans). The order is fixed
-    # by the kernel, so the result is the same whichever program merges. .cg loads: from L2,
-    # where the other programs' stores went, never a stale L1 line.
+def _merge_partials(acc_ptr, ml_ptr, base_slot, active, offs_d, g_mask, G_PAD: tl.constexpr, D_PAD: tl.constexpr):
+    # the spans' partials, merged in span order (the same result whichever program merges);
+    # .cg loads: from L2, where the other programs' stores went, never a stale L1 line
     m_all = tl.full([G_PAD], float("-inf"), tl.float32)
     l_all = tl.zeros([G_PAD], tl.float32)
     acc_all = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
-    offs_c = tl.arange(0, CHUNK)
-    for c0 in range(0, active, CHUNK):
-        part = base_slot[None, :] + (c0 + offs_c)[:, None]  # [CHUNK, G_PAD]
-        mask = ((c0 + offs_c) < active)[:, None] & g_mask[None, :]
-        m_s = tl.load(ml_ptr + part * 2, mask=mask, other=float("-inf"), cache_modifier=".cg")
-        l_s = tl.load(ml_ptr + part * 2 + 1, mask=mask, other=0.0, cache_modifier=".cg")
-        acc_s = tl.load(acc_ptr + part[:, :, None] * D_PAD + offs_d[None, None, :], mask=mask[:, :, None],
+    for s_idx in range(0, active):
+        part = base_slot + s_idx
+        m_s = tl.load(ml_ptr + part * 2, mask=g_mask, other=0.0, cache_modifier=".cg")
+        l_s = tl.load(ml_ptr + part * 2 + 1, mask=g_mask, other=0.0, cache_modifier=".cg")
+        acc_s = tl.load(acc_ptr + part[:, None] * D_PAD + offs_d[None, :], mask=g_mask[:, None],
                         other=0.0, cache_modifier=".cg")
-        # every active span saw a key (m finite); padded heads stay at -inf and are never stored
-        m_new = tl.maximum(m_all, tl.max(m_s, axis=0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_all - m_safe)
-        beta = tl.exp(m_s - m_safe[None, :])  # [CHUNK, G_PAD]; masked spans: exp(-inf) = 0
-        acc_all = acc_all * alpha[:, None] + tl.sum(acc_s * beta[:, :, None], axis=0)
-        l_all = l_all * alpha + tl.sum(l_s * beta, axis=0)
+        m_new = tl.maximum(m_all, m_s)  # every active span saw a key: m_s is finite
+        alpha = tl.exp(m_all - m_new)
+        beta = tl.exp(m_s - m_new)
+        acc_all = acc_all * alpha[:, None] + acc_s * beta[:, None]
+        l_all = l_all * alpha + l_s * beta
         m_all = m_new
     return m_all, l_all, acc_all
 
@@ -191,7 +184,7 @@ def _attention_kernel(
             if ticket == active - 1:  # the last span of (row, kv head) to finish merges them all
                 tl.store(ticket_ptr, 0)  # every span has taken its ticket: ready for the next call
                 m_i, l_i, acc = _merge_partials(acc_ptr, ml_ptr, (row * num_heads + heads) * num_splits, active,
-                                                offs_d, g_mask, G_PAD, D_PAD, 8)
+                                                offs_d, g_mask, G_PAD, D_PAD)
                 _store_heads(out_ptr, row, heads, offs_d, g_mask, d_mask, stride_ot, stride_oh, acc, l_i)
 
 
