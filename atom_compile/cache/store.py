@@ -199,6 +199,7 @@ class PieceCache:
         self.isa_probe_path = caches_dir(self.root) / ISA_PROBE_DIR
         self.writable = True
         self._repair = False
+        self._scratch_replaced = False  # a fresh scratch this process: its files must be hashed again
 
     # --- opening ---------------------------------------------------------------------------
 
@@ -315,9 +316,16 @@ class PieceCache:
                 files = None
                 if scratch_used and self.scratch_path.is_dir():
                     scratch.make_private_tree(self.scratch_path)
+                    only_scratch = not entries and not remove and dynamo_function is None and not self._repair
+                    same_names = not self._scratch_replaced and only_scratch and \
+                        set(scratch.walk_files(self.scratch_path)[0]) == set(current.get("inductor_files") or {})
+                    # a start that only loaded: the same names as recorded means nothing to record
+                    # (hashing every file costs a warm start ~0.2 s; a file changed in place is
+                    # caught by the digest check of the next start, which repairs it)
+                    if same_names:
+                        return False
                     files = scratch.manifest(self.root, self.scratch_path)
-                    if not entries and not remove and dynamo_function is None and not self._repair \
-                            and files == current.get("inductor_files"):
+                    if only_scratch and files == current.get("inductor_files"):
                         return False
                 doc = new_document(current, list(merged.values()), dynamo_function, files,
                                    _torch_version(), time.time())
@@ -372,6 +380,7 @@ class PieceCache:
         """Swap a fresh private inductor/ in for a damaged one, with the files of `keep` that
         still match their digests; returns those. OSError if it cannot be done."""
         kept = scratch.fresh_scratch(self.root, self.scratch_path, keep)
+        self._scratch_replaced = True
         return {rel: keep[rel] for rel in kept}
 
     def write_factors(self, factors: dict) -> None:
