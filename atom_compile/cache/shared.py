@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import os
+import time
 import uuid
 from pathlib import Path
 from typing import Iterator, Optional
@@ -47,6 +48,9 @@ class SharedPieces:
         self.path = cache.hash_path / SHARED_DIR / cache.path.name
         self.ready = False
         self.peer_warned = False  # a peer's failure was already named (the group's barrier)
+        # monotonic time past which a lock is not waited for (the group's barrier already
+        # waited one timeout for the owners): None waits `timeout` per lock
+        self.deadline: Optional[float] = None
 
     def _dirs(self) -> bool:
         if not self.ready:
@@ -71,8 +75,8 @@ class SharedPieces:
             yield False
             return
         name = ck[:32]
-        lock = filelock.FileLock(str(self.path / "locks" / f"{name}.lock"), timeout=self.timeout,
-                                 mode=trust.FILE_MODE)
+        wait = self.timeout if self.deadline is None else min(self.timeout, max(0.0, self.deadline - time.monotonic()))
+        lock = filelock.FileLock(str(self.path / "locks" / f"{name}.lock"), timeout=wait, mode=trust.FILE_MODE)
         try:
             lock.acquire()
         except filelock.Timeout:

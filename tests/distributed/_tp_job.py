@@ -34,6 +34,8 @@ def parse():
     ap.add_argument("--die-rank", type=int, default=-1, help="with --die-in-compile: only this rank dies")
     ap.add_argument("--replicated", action="store_true", help="a group, but the single-process Llama")
     ap.add_argument("--kv-heads", type=int, default=0, help="override the preset's num_kv_heads")
+    ap.add_argument("--compile-sizes", default="", help="comma-separated CompilationConfig.compile_sizes")
+    ap.add_argument("--ranges", default="", help="compile ranges, e.g. 1-4,9-16 ([lo, hi) each)")
     return ap.parse_args()
 
 
@@ -111,8 +113,11 @@ def main():
     split = ["aiter.unified_attention_with_output"]
     if args.split_collectives:
         split += ["_c10d_functional.all_reduce"]
+    sizes = [int(n) for n in args.compile_sizes.split(",") if n]
+    spans = [[int(n) for n in r.split("-")] for r in args.ranges.split(",") if r]
     cfg = ac.Config(max_num_seqs=8, compilation_config=ac.CompilationConfig(
-        level=args.level, cache_dir=args.cache_root, splitting_ops=split))
+        level=args.level, cache_dir=args.cache_root, splitting_ops=split, compile_sizes=sizes or None,
+        compile_ranges=spans or None))
     llama = preset("tiny", num_layers=args.layers, **({"num_kv_heads": args.kv_heads} if args.kv_heads else {}))
     ref = build_model(llama, compilation_config=ac.Config())
     if args.world and not args.replicated:
