@@ -152,7 +152,7 @@ def compile_with_group(handle: GroupHandle, manager: CompilerManager, pieces: li
     return _done(stats)
 
 
-def _exchange(handle: GroupHandle, manager: CompilerManager, pieces: list[Piece],
+def _exchange(handle: GroupHandle, manager: CompilerManager, pieces: list[PieceCompile],
               fake: Callable[[], ContextManager], stats: GroupStats) -> Optional[dict[str, int]]:
     """Each piece's content key set; the owners the group agreed on, or None (no agreement)."""
     with fake():
@@ -163,20 +163,26 @@ def _exchange(handle: GroupHandle, manager: CompilerManager, pieces: list[Piece]
     start = time.perf_counter()
     # every rank must be here: one whose cache let it skip Dynamo (and us) never comes, and
     # waiting for it in the exchange would take the group's whole collective timeout
+    shared = manager.shared
+    probe = shared.probe() if shared is not None else None
     absent = handle.barrier()
     try:
         if absent is not None:
             raise RuntimeError(absent.split(". ")[0])
-        store = manager.shared.store_id() if manager.shared is not None else None
-        gathered = handle.all_gather((store or f"rank-{handle.rank}", missing))
+        gathered = handle.all_gather((probe, missing))
     except Exception as exc:  # a peer gone before the exchange: the locks still coordinate
+        if shared is not None:
+            shared.drop_probe()
         logger.warning("atom-compile: the ranks could not exchange their pieces (%s); each rank takes its "
                        "pieces through the cache directory's locks.", str(exc).splitlines()[0][:300] if str(exc) else exc)
         return None
     stats.exchange_s = time.perf_counter() - start
     # only ranks that see the same shared store can load what the others compile: the
-    # agreement runs among them (node-local cache roots: each node's ranks split its pieces)
-    mates = [r for r, (token, _) in enumerate(gathered) if token == gathered[handle.rank][0]]
+    # agreement runs among those whose probe file this rank finds in its store (node-local
+    # cache roots: each node's ranks split its pieces). The all_gather follows every probe's
+    # write, and the probes stay until the barrier after the shares.
+    mates = [r for r, (theirs, _) in enumerate(gathered)
+             if r == handle.rank or (shared is not None and shared.sees(theirs))]
     needed = [gathered[r][1] if r in mates else [] for r in range(len(gathered))]
     owners = assign_owners(needed)
     stats.unique_missing = len(owners)
@@ -193,6 +199,8 @@ def _wait_for_owners(handle: GroupHandle, manager: CompilerManager, owners: dict
     deadline = time.monotonic() + handle.timeout + LOCK_GRACE_S
     problem = handle.barrier()  # every rank, even one with nothing to compile: the same collectives
     stats.barrier_s = time.perf_counter() - start
+    if manager.shared is not None:
+        manager.shared.drop_probe()  # every rank that passed the barrier has looked for it
     if problem is None:
         return None
     problem = problem.split(". ")[0]

@@ -6,6 +6,7 @@ Layout, beside the per-rank directories of one `<hash>`::
     <hash>/shared/<prefix>/content/<content key>.json  which artifact holds that content
     <hash>/shared/<prefix>/locks/<content key>.lock    held by the rank compiling it
     <hash>/shared/<prefix>/locks/<content key>.owner   "<rank> <pid>" while it compiles
+    <hash>/shared/<prefix>/locks/probe-<random>        a rank's probe while the group agrees
 
 A piece's content key covers its code, shapes and constants, so equal keys on two ranks mean
 the same compiled code. The rank that takes a key's lock first compiles and publishes; the
@@ -21,6 +22,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import time
 import uuid
 from pathlib import Path
@@ -35,6 +37,7 @@ from .store import PieceCache, atomic_write, damage, digest_problem, warn_once
 logger = logging.getLogger("atom_compile")
 
 SHARED_DIR = "shared"
+PROBE_RE = re.compile(r"probe-[0-9a-f]{32}")
 _RECORD_KEYS = ("content_key", "graph", "compiler", "handle", "sha256", "bytes")
 
 
@@ -51,6 +54,7 @@ class SharedPieces:
         # monotonic time past which a lock is not waited for (the group's barrier already
         # waited one timeout for the owners): None waits `timeout` per lock
         self.deadline: Optional[float] = None
+        self._probe: Optional[str] = None
 
     def _dirs(self) -> bool:
         if not self.ready:
@@ -107,27 +111,32 @@ class SharedPieces:
                   "%s...; compiling it on rank %d.", who[0] if who else "?", who[1] if len(who) > 1 else "?",
                   name[:12], self.rank)
 
-    def store_id(self) -> Optional[str]:
-        """A token that every process seeing this shared directory reads alike (the first one
-        writes it): ranks with equal tokens share a store; None without a usable directory."""
+    def probe(self) -> Optional[str]:
+        """Write a fresh, empty probe file into this store and return its name: a rank that
+        finds it sees the same store (group_compile.py). None without a usable directory. A
+        probe rather than a token stored once: a copied cache root (an image, an rsync) would
+        carry a token to stores that are not the same one."""
         if not self.cache.writable or not self._dirs():
             return None
-        path = self.path / "locks" / "store-id"
-        if not os.path.lexists(path):
-            tmp = path.with_name(f".store-id-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-            try:
-                _write_quiet(tmp, uuid.uuid4().hex.encode())
-                os.link(tmp, path)  # fails if another process was first: its token stands
-            except OSError:
-                pass
-            finally:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
+        name = f"probe-{uuid.uuid4().hex}"
         try:
-            token = trust.read_bytes(self.cache.root, path, 64).decode().strip()
-        except (OSError, ValueError, trust.Untrusted):
+            atomic_write(self.path / "locks" / name, b"")
+        except OSError:
             return None
-        return token or None
+        self._probe = name
+        return name
+
+    def sees(self, probe: object) -> bool:
+        """Whether another rank's probe (its name, as that rank sent it) is in this store."""
+        return isinstance(probe, str) and PROBE_RE.fullmatch(probe) is not None and self.ready \
+            and os.path.lexists(self.path / "locks" / probe)
+
+    def drop_probe(self) -> None:
+        """Remove this rank's probe (once every rank has looked for it)."""
+        if self._probe is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path / "locks" / self._probe)
+            self._probe = None
 
     def lookup(self, ck: str) -> Optional[dict]:
         """The published record of `ck`, or None (absent, or damaged: named once)."""

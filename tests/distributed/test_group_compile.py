@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tarfile
 import time
 
 import pytest
 
 from atom_compile.backends.group_compile import LOCK_GRACE_S, assign_owners
 
-from .helpers import JOB, env, finish, start_group, total
+from .helpers import JOB, cli, env, finish, start_group, total
 
 TOL = 1e-5
 
@@ -81,6 +82,23 @@ def test_compile_sizes_and_ranges_join_the_agreement(tmp_path):
     warm = _torchrun(tmp_path, "warm", root, *shapes)
     assert all(r["max_abs_err"] < TOL for r in warm)
     assert total(warm, "num_inductor_compiles") == 0 and total(warm, "num_cache_errors") == 0
+    _tools_ignore_the_locks(tmp_path, root)
+
+
+def _tools_ignore_the_locks(tmp_path, root) -> None:
+    """The shared store's locks/ (key locks, a probe a killed rank left behind) is neither
+    exported nor taken for damage; inspect lists the sizes and ranges beside the general shape."""
+    [cache] = [p for p in (root / "torch_compile_cache").iterdir() if len(p.name) == 16]
+    [locks] = list(cache.glob("shared/*/locks"))
+    assert not list(locks.glob("probe-*"))  # each rank removed its own after the agreement
+    (locks / ("probe-" + "0" * 32)).write_bytes(b"")
+    assert " ok " in cli("verify", cache.name, "--cache-root", str(root))
+    assert "shapes        general,8,1-4" in cli("inspect", cache.name, "--cache-root", str(root))
+    archive = tmp_path / "tp.tar.gz"
+    cli("export", cache.name, "-o", str(archive), "--cache-root", str(root))
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+    assert any("/rank_1/" in n for n in names) and not any("/shared" in n or "probe-" in n for n in names)
 
 
 @pytest.mark.parametrize("stall", [False, True], ids=["killed", "hung"])
