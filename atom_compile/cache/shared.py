@@ -31,7 +31,8 @@ from typing import Iterator, Optional
 import filelock
 
 from . import trust
-from .index import SHA_RE, check_rel_path
+from .index import INDEX_FILE, SHA_RE, check_rel_path
+from .scratch import SCRATCH_DIR as SCRATCH_DIR_NAME
 from .store import PieceCache, atomic_write, damage, digest_problem, warn_once
 
 logger = logging.getLogger("atom_compile")
@@ -184,6 +185,31 @@ class SharedPieces:
             return None
         return dict(record)
 
+    def borrow_libraries(self, scratch: Path) -> int:
+        """Link into `scratch` (this rank's Inductor directory) the compiled C++ libraries that
+        the other ranks' directories of this cache hold and it lacks, each checked against the
+        digest that rank's committed index records. A CPU artifact names its library without
+        carrying it: loading a peer's piece would otherwise run the C++ compiler again on every
+        rank. Returns how many were linked."""
+        linked = 0
+        for index_path in sorted(self.cache.hash_path.glob(f"rank_*/{self.cache.path.name}/{INDEX_FILE}")):
+            sibling = index_path.parent
+            if sibling == self.cache.path:
+                continue
+            for rel, digest in _libraries(self.cache.root, index_path).items():
+                target = scratch / rel
+                if os.path.lexists(target):
+                    continue
+                source = sibling / SCRATCH_DIR_NAME / rel
+                try:
+                    if trust.sha256_trusted(self.cache.root, source) != digest:
+                        continue
+                    _link(self.cache.root, source, target)
+                except (OSError, trust.Untrusted):
+                    continue
+                linked += 1
+        return linked
+
     def publish(self, entry: dict) -> None:
         """Make a freshly compiled artifact (already in this rank's directory) shared."""
         if not self._dirs():
@@ -199,6 +225,24 @@ class SharedPieces:
         except OSError as exc:
             warn_once(f"shared-write:{self.path}", "atom-compile: cannot share a piece through %s (%s); "
                       "the other ranks compile it themselves.", self.path, exc.strerror or exc)
+
+
+def _libraries(root: Path, index_path: Path) -> dict[str, str]:
+    """{path under the scratch directory: sha256} of the shared libraries an index records."""
+    try:
+        index = trust.loads_bounded(trust.read_bytes(root, index_path, trust.MAX_JSON_BYTES).decode())
+    except (OSError, ValueError, trust.Untrusted):
+        return {}
+    files = index.get("inductor_files") if isinstance(index, dict) else None
+    out = {}
+    for rel, digest in (files.items() if isinstance(files, dict) else ()):
+        try:
+            check_rel_path(rel)
+        except ValueError:
+            continue
+        if rel.endswith(".so") and isinstance(digest, str) and SHA_RE.match(digest):
+            out[rel] = digest
+    return out
 
 
 def _link(root: Path, source: Path, target: Path) -> None:

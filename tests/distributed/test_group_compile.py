@@ -56,6 +56,10 @@ def test_torchrun_group_compiles_each_piece_once_spread_over_ranks(tmp_path):
     assert [r["counters"]["num_inductor_compiles"] for r in cold] == [1, 1]
     assert [r["counters"]["num_peer_pieces_loaded"] for r in cold] == [1, 1]
     assert g0["peer_problem"] is None and total(cold, "num_cache_errors") == 0
+    # the loader linked the owner's compiled C++ libraries instead of building them again
+    libs = [{p.name: p.stat().st_ino for p in root.glob(f"torch_compile_cache/*/rank_{r}/*/inductor/**/*.so")}
+            for r in range(2)]
+    assert libs[0] and libs[0] == libs[1], libs
 
     warm = _torchrun(tmp_path, "warm", root)
     assert all(r["max_abs_err"] < TOL for r in warm)
