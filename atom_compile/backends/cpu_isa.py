@@ -4,13 +4,16 @@ Inductor picks the vector ISA of its C++ code by building a test program for eac
 the CPU's flags allow and loading it in a child Python (`pick_vec_isa`). In a fresh directory
 the builds take seconds; with them built, each process still spends about 1.3 s (measured on
 a 2-core machine) in those child processes, so every rank that compiled or loaded a CPU piece
-paid it (the first compile of a process: 5.2 s CPU, 4.2 s with the answer below). The first process under a cache root runs the probe and writes its answer beside the
-test programs (`answer.json`, under a lock), keyed by what decides it: torch, the C++ compiler
-and its version, the CPU's flags and Inductor's candidates. A later process that asks the same
+paid it (the first compile of a process: 5.2 s CPU, 4.2 s with the answer below).
+
+The first process under a cache root runs the probe and writes its answer beside the test
+programs (`answer.json`, under a lock), keyed by what decides it: torch, the C++ compiler and
+its version, the CPU's flags and Inductor's candidates. A later process that asks the same
 question, where the answer says every allowed candidate passed, skips the probe: Inductor's
 `cpp.vec_isa_ok` is set within its compiles and loads, which gives exactly the list the probe
 gave (Inductor's sub-probes that decide code details, avx512's bf16 and AMX tiles, still run:
-they ignore that setting). Any other answer (a candidate failed, another compiler, a non-x86 CPU): the probe runs.
+they ignore that setting). Any other answer (a candidate failed, another compiler, a non-x86
+CPU): the probe runs.
 """
 
 from __future__ import annotations

@@ -173,8 +173,9 @@ def _exchange(handle: GroupHandle, manager: CompilerManager, pieces: list[PieceC
     except Exception as exc:  # a peer gone before the exchange: the locks still coordinate
         if shared is not None:
             shared.drop_probe()
+        why = str(exc).splitlines()[0][:300] if str(exc) else exc
         logger.warning("atom-compile: the ranks could not exchange their pieces (%s); each rank takes its "
-                       "pieces through the cache directory's locks.", str(exc).splitlines()[0][:300] if str(exc) else exc)
+                       "pieces through the cache directory's locks.", why)
         return None
     stats.exchange_s = time.perf_counter() - start
     # only ranks that see the same shared store can load what the others compile: the
