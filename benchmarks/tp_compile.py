@@ -11,10 +11,14 @@ so that 4 ranks divide them), level 3, empty caches:
                 exchange content keys and each compiles its own share, in parallel
 Reported: wall time of the group (start to every rank's first correct output), the summed
 CPU seconds in the compiler over the ranks (the C++ compiler processes it runs included), the
+summed CPU seconds in loads (a CPU piece whose C++ library is missing builds it there), the
 summed number of compiler runs, and for each rank where its first forward went: Dynamo tracing
 (first forward minus the backend), the compiler, loads, and waiting at the group's barrier.
 
     python benchmarks/tp_compile.py --nproc 2,4 [--json out.json]
+
+It ends with the issue's goals and the measured ratios (wall group/one rank at the largest N,
+compiler CPU group/one rank at each N).
 """
 
 from __future__ import annotations
