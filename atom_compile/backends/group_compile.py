@@ -3,7 +3,8 @@
 Dynamo traces the whole graph on every rank before the backend sees it, and the ranks of an
 SPMD program reach the backend for the same graphs in the same order; so once per graph:
 
-1. each rank computes the content keys of its pieces and keeps those that neither its own
+1. each rank computes the content keys of its compiles (every piece's general shape, each
+   compile range and each compile size: `PieceCompile`) and keeps those that neither its own
    cache nor the shared store (cache/shared.py) already holds;
 2. the ranks exchange those keys (`all_gather_object` over a gloo group, groups.py);
 3. every rank derives the same owners: the union of keys, sorted, dealt round-robin over the
@@ -14,7 +15,9 @@ SPMD program reach the backend for the same graphs in the same order; so once pe
    that did not come); a rank that died or hung in its share is passed by with one warning;
 6. every rank takes the rest through the compile-or-load path: what a peer published is
    loaded, what a dead peer left undone is compiled here (under the content key's lock, so
-   two survivors still compile it once).
+   two survivors still compile it once). After a failed barrier the lock waits are bounded by
+   what is left of the same timeout (plus LOCK_GRACE_S): a hung owner, which still holds its
+   key's lock, costs one timeout, not two.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Optional
+from typing import Any, Callable, ContextManager, Optional, Union
 
 import torch.fx as fx
 
@@ -30,6 +33,10 @@ from ..groups import GroupHandle
 from .manager import CompilerManager
 
 logger = logging.getLogger("atom_compile")
+
+# after a failed barrier, how long past the timeout a survivor still waits for a key's lock
+# (a slow owner that is just publishing); then it compiles the key itself
+LOCK_GRACE_S = 2.0
 
 
 @dataclass
@@ -41,14 +48,25 @@ class Piece:
     args: list[Any]
     index: int
     locator: Optional[list[int]]
+
+
+@dataclass
+class PieceCompile:
+    """One compile of a piece: its general shape (shape None), a compile range ("lo-hi") or
+    a compile size (an int, `args` bound to it); the unit the ranks deal out."""
+
+    piece: Piece
+    shape: Union[None, int, str]
+    args: list[Any]
     key: str = ""
+    fn: Optional[Callable] = None
 
 
 @dataclass
 class GroupStats:
     """What one graph's agreement did on this rank (seconds are wall time)."""
 
-    pieces: int = 0
+    pieces: int = 0  # compiles (general shapes, ranges, sizes) of the graph's pieces
     missing: int = 0
     unique_missing: int = 0
     owned: int = 0
@@ -89,10 +107,10 @@ def _cached(manager: CompilerManager, key: str) -> bool:
     return record is not None and record["compiler"] == name
 
 
-def compile_with_group(handle: GroupHandle, manager: CompilerManager, pieces: list[Piece],
-                       compile_one: Callable[[Piece], None], fake: Callable[[], ContextManager]) -> GroupStats:
+def compile_with_group(handle: GroupHandle, manager: CompilerManager, pieces: list[PieceCompile],
+                       compile_one: Callable[[PieceCompile], None], fake: Callable[[], ContextManager]) -> GroupStats:
     """Agree with the group, compile this rank's share, wait for the others, then take the
-    rest; `compile_one(piece)` compiles (or loads) and installs one piece (under `fake()`)."""
+    rest; `compile_one(c)` compiles (or loads) one compile and sets `c.fn` (under `fake()`)."""
     stats = GroupStats(pieces=len(pieces))
     owners = _exchange(handle, manager, pieces, fake, stats)
     if owners is None:  # no agreement: every piece through the locks
@@ -100,7 +118,7 @@ def compile_with_group(handle: GroupHandle, manager: CompilerManager, pieces: li
             for piece in pieces:
                 compile_one(piece)
         return _done(stats)
-    compiled: set[str] = set()
+    compiled: set[int] = set()
     start = time.perf_counter()
     error: Optional[BaseException] = None
     try:
@@ -110,49 +128,62 @@ def compile_with_group(handle: GroupHandle, manager: CompilerManager, pieces: li
                 if owners.get(piece.key) == handle.rank and piece.key not in done:
                     compile_one(piece)
                     done.add(piece.key)
-                    compiled.add(piece.target)
+                    compiled.add(id(piece))
                     stats.owned += 1
     except Exception as exc:  # strict mode's refusal, a compiler error: the others still get their barrier
         error = exc
     stats.share_s = time.perf_counter() - start
     manager.flush()
-    _wait_for_owners(handle, manager, owners, stats)
+    deadline = _wait_for_owners(handle, manager, owners, stats)
     if error is not None:
         raise error
     start = time.perf_counter()
-    with fake():
-        for piece in pieces:
-            if piece.target not in compiled:
-                compile_one(piece)
+    try:
+        if deadline is not None and manager.shared is not None:
+            manager.shared.deadline = deadline
+        with fake():
+            for piece in pieces:
+                if id(piece) not in compiled:
+                    compile_one(piece)
+    finally:
+        if manager.shared is not None:
+            manager.shared.deadline = None
     stats.rest_s = time.perf_counter() - start
     return _done(stats)
 
 
-def _exchange(handle: GroupHandle, manager: CompilerManager, pieces: list[Piece],
+def _exchange(handle: GroupHandle, manager: CompilerManager, pieces: list[PieceCompile],
               fake: Callable[[], ContextManager], stats: GroupStats) -> Optional[dict[str, int]]:
     """Each piece's content key set; the owners the group agreed on, or None (no agreement)."""
     with fake():
         for piece in pieces:
-            piece.key = manager.content_key_of(piece.graph, piece.args)
+            piece.key = manager.content_key_of(piece.piece.graph, piece.args, piece.shape)
         missing = sorted({p.key for p in pieces if not _cached(manager, p.key)})
     stats.missing = len(missing)
     start = time.perf_counter()
     # every rank must be here: one whose cache let it skip Dynamo (and us) never comes, and
     # waiting for it in the exchange would take the group's whole collective timeout
+    shared = manager.shared
+    probe = shared.probe() if shared is not None else None
     absent = handle.barrier()
     try:
         if absent is not None:
             raise RuntimeError(absent.split(". ")[0])
-        store = manager.shared.store_id() if manager.shared is not None else None
-        gathered = handle.all_gather((store or f"rank-{handle.rank}", missing))
+        gathered = handle.all_gather((probe, missing))
     except Exception as exc:  # a peer gone before the exchange: the locks still coordinate
+        if shared is not None:
+            shared.drop_probe()
+        why = str(exc).splitlines()[0][:300] if str(exc) else exc
         logger.warning("atom-compile: the ranks could not exchange their pieces (%s); each rank takes its "
-                       "pieces through the cache directory's locks.", str(exc).splitlines()[0][:300] if str(exc) else exc)
+                       "pieces through the cache directory's locks.", why)
         return None
     stats.exchange_s = time.perf_counter() - start
     # only ranks that see the same shared store can load what the others compile: the
-    # agreement runs among them (node-local cache roots: each node's ranks split its pieces)
-    mates = [r for r, (token, _) in enumerate(gathered) if token == gathered[handle.rank][0]]
+    # agreement runs among those whose probe file this rank finds in its store (node-local
+    # cache roots: each node's ranks split its pieces). The all_gather follows every probe's
+    # write, and the probes stay until the barrier after the shares.
+    mates = [r for r, (theirs, _) in enumerate(gathered)
+             if r == handle.rank or (shared is not None and shared.sees(theirs))]
     needed = [gathered[r][1] if r in mates else [] for r in range(len(gathered))]
     owners = assign_owners(needed)
     stats.unique_missing = len(owners)
@@ -162,13 +193,17 @@ def _exchange(handle: GroupHandle, manager: CompilerManager, pieces: list[Piece]
 
 
 def _wait_for_owners(handle: GroupHandle, manager: CompilerManager, owners: dict[str, int],
-                     stats: GroupStats) -> None:
-    """The barrier after the shares; a rank that did not come is named once."""
+                     stats: GroupStats) -> Optional[float]:
+    """The barrier after the shares; a rank that did not come is named once. Returns None, or
+    after a failed barrier the monotonic time past which no lock is waited for any more."""
     start = time.perf_counter()
+    deadline = time.monotonic() + handle.timeout + LOCK_GRACE_S
     problem = handle.barrier()  # every rank, even one with nothing to compile: the same collectives
     stats.barrier_s = time.perf_counter() - start
+    if manager.shared is not None:
+        manager.shared.drop_probe()  # every rank that passed the barrier has looked for it
     if problem is None:
-        return
+        return None
     problem = problem.split(". ")[0]
     stats.peer_problem = problem
     left = sum(1 for owner in owners.values() if owner != handle.rank)
@@ -177,6 +212,7 @@ def _wait_for_owners(handle: GroupHandle, manager: CompilerManager, owners: dict
                    "the others owned.", handle.timeout, problem, handle.rank, left)
     if manager.shared is not None:
         manager.shared.peer_warned = True  # the one warning: the lock path stays quiet
+    return deadline
 
 
 def _done(stats: GroupStats) -> GroupStats:

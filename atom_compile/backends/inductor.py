@@ -19,6 +19,7 @@ import torch.fx as fx
 from ..config import CompilationConfig
 from ..counters import compilation_counter
 from ..ops import kernel_dir
+from . import cpu_isa
 from .base import CompilerInterface, EagerAdaptor, Handle
 
 logger = logging.getLogger("atom_compile")
@@ -41,6 +42,9 @@ def _config_patches(compiler_config: dict[str, Any], runtime_shape: Optional[int
     patches = dict(compiler_config or {})
     # The runtime half owns CUDA graphs; Inductor must not capture its own.
     patches.setdefault("triton.cudagraphs", False)
+    if device == "cpu":
+        for name, value in cpu_isa.config_patches().items():
+            patches.setdefault(name, value)
     if isinstance(runtime_shape, int) and device == "cuda":
         # A concrete size is worth tuning for; on CPU autotuning only costs time.
         patches.setdefault("max_autotune", True)
@@ -109,26 +113,18 @@ def inductor_files_in(directory: Optional[str]):
         yield
 
 
-_isa_primed = False
-
-
-def prime_cpu_isa(directory: Optional[str]) -> None:
-    """Run Inductor's probe of the CPU's vector ISA once per process, in `directory`.
+def prime_cpu_isa(isa_dir: Optional[str], inductor_dir: Optional[str]) -> None:
+    """Run Inductor's probe of the CPU's vector ISA once per process, in `isa_dir` (else
+    `inductor_dir`), or take the answer a process before us recorded in `isa_dir` (cpu_isa.py).
 
     The probe builds test programs into the current cache directory (seconds in a fresh one)
     and the process remembers its answer even when the build fails, so it must first run
     where writing works: the manager hands us a directory only after it checked it (the
     root's shared probe directory, else the piece's own)."""
-    global _isa_primed
-    if not _isa_primed:
-        _isa_primed = True
-        try:
-            from torch._inductor import cpu_vec_isa
-
-            with inductor_files_in(directory):
-                cpu_vec_isa.pick_vec_isa()
-        except Exception as exc:  # pragma: no cover - no C++ toolchain: Inductor says so when it compiles
-            logger.debug("atom-compile: Inductor's CPU ISA probe failed (%s: %s)", type(exc).__name__, exc)
+    try:
+        cpu_isa.prime(isa_dir or inductor_dir, isa_dir is not None, inductor_files_in)
+    except Exception as exc:  # pragma: no cover - no C++ toolchain: Inductor says so when it compiles
+        logger.debug("atom-compile: Inductor's CPU ISA probe failed (%s: %s)", type(exc).__name__, exc)
 
 
 def _inductor_env_factors() -> dict[str, Any]:
@@ -177,7 +173,7 @@ class InductorStandaloneAdaptor(CompilerInterface):
         dynamic_shapes = "from_example_inputs" if isinstance(runtime_shape, int) else "from_graph"
         device = _graph_device(example_inputs)
         if device == "cpu" and key is not None:
-            prime_cpu_isa(self.isa_dir or self.inductor_dir)
+            prime_cpu_isa(self.isa_dir, self.inductor_dir)
         elif device == "cuda":
             kernel_dir.prepare_triton_driver()
         with torch.no_grad(), inductor_files_in(self.inductor_dir if key is not None else None):
@@ -216,10 +212,10 @@ class InductorStandaloneAdaptor(CompilerInterface):
 
         path = os.path.join(self.cache_dir or "", handle["path"])
         if handle.get("device", "cpu") == "cpu":
-            prime_cpu_isa(self.isa_dir or self.inductor_dir)
+            prime_cpu_isa(self.isa_dir, self.inductor_dir)
         elif handle.get("device") == "cuda":
             kernel_dir.prepare_triton_driver()
-        with inductor_files_in(self.inductor_dir):
+        with inductor_files_in(self.inductor_dir), cpu_isa.patches():
             artifact = CompiledArtifact.load(path=path, format="binary")
         return _unwrapped(artifact, bool(handle.get("single_output")))
 

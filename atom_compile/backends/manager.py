@@ -18,6 +18,7 @@ import os
 import tempfile
 import time
 import uuid
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch.fx as fx
@@ -244,6 +245,9 @@ class CompilerManager:
         entry = self.shared.adopt(record)
         if entry is None:
             return None
+        scratch = self._scratch_dir() if entry["handle"].get("device", "cpu") == "cpu" else None
+        if scratch is not None and self.shared.borrow_libraries(Path(scratch)):
+            self._scratch_used = True  # the next commit records the linked libraries
         fn = self._load(entry, graph, example_inputs, graph_index, runtime_shape)
         if fn is not None:
             compilation_counter.num_peer_pieces_loaded += 1

@@ -13,9 +13,10 @@ from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from . import compile_only
-from .group_compile import Piece, compile_with_group
+from .group_compile import Piece, PieceCompile, compile_with_group
 from .manager import CompilerManager
-from .ranges import compile_ranges, find_range
+from .ranges import compile_ranges, find_range, range_label
+from .size_args import size_args
 
 logger = logging.getLogger("atom_compile")
 
@@ -43,10 +44,13 @@ def read_runtime_shape(args: tuple, locator: Optional[list[int]]) -> Optional[in
 
 @dataclass
 class ConcreteSizeEntry:
-    """One size from compile_sizes: compiled the first time a call of that size arrives."""
+    """One size from compile_sizes: compiled the first time a call of that size arrives, or
+    ahead (a group's agreement) from fake inputs whose content key is `key`: the first call
+    checks that its real inputs have that key before it runs the piece."""
 
     runtime_shape: int
     runnable: Optional[Callable] = None
+    key: Optional[str] = None
 
 
 class PiecewiseBackend:
@@ -89,6 +93,8 @@ class PiecewiseBackend:
             if span is not None:
                 return self.range_pieces[span](*args)
             return self.compiled_graph_for_general_shape(*args)
+        if entry.key is not None:
+            entry.runnable = self._check_ahead(entry, args)
         if entry.runnable is None:
             if _capturing(args):
                 # a compile inside someone's CUDA-graph capture would break it (the host records
@@ -97,6 +103,13 @@ class PiecewiseBackend:
                 return self.compiled_graph_for_general_shape(*args)
             entry.runnable = self.compile_size(size, list(args))
         return entry.runnable(*args)
+
+    def _check_ahead(self, entry: ConcreteSizeEntry, args: tuple) -> Optional[Callable]:
+        """The size's piece compiled ahead, if the real inputs are those it was compiled for."""
+        ahead, key, entry.key = entry.runnable, entry.key, None
+        if self.manager.content_key_of(self.graph, list(args), entry.runtime_shape) == key:
+            return ahead
+        return None
 
     def compile_size(self, size: int, args: list[Any]) -> Callable:
         fn = self.manager.compile(self.graph, args, self.graph_index, runtime_shape=size)
@@ -143,7 +156,8 @@ class FakeRun:
         piece = self.piece
         if piece.concrete_size_entries:
             size = read_runtime_shape(args, piece.locator)
-            if size in piece.concrete_size_entries and size not in self.sizes_done:
+            entry = piece.concrete_size_entries.get(size)
+            if entry is not None and entry.runnable is None and size not in self.sizes_done:
                 piece.compile_size(size, list(args))
                 self.sizes_done.add(size)
         mode = torch._guards.detect_fake_mode(args)
@@ -201,8 +215,42 @@ class PiecewiseCompileInterpreter(torch.fx.Interpreter):
         with self._fake():
             out = super().run(*fake_args)
         if self.pending:  # outside the fake mode: the exchange makes real tensors
-            compile_with_group(self.group, self.manager, self.pending, self._compile_piece, self._fake)
+            self._compile_agreed()
         return out
+
+    def _compile_agreed(self) -> None:
+        """Every compile of the pending pieces (general shape, ranges, sizes) dealt out by the
+        group's agreement; then each piece installed."""
+        with self._fake():
+            compiles = [c for piece in self.pending for c in self._compiles_of(piece)]
+        compile_with_group(self.group, self.manager, compiles, self._compile_one, self._fake)
+        for piece in self.pending:
+            mine = [c for c in compiles if c.piece is piece]
+            general = next(c.fn for c in mine if c.shape is None)
+            by_range = {span: c.fn for span in self.ranges for c in mine if c.shape == range_label(*span)}
+            backend = PiecewiseBackend(piece.graph, piece.index, general, piece.locator, self.compile_sizes,
+                                       self.manager, by_range)
+            for c in mine:
+                entry = backend.concrete_size_entries.get(c.shape) if isinstance(c.shape, int) else None
+                if entry is not None:
+                    entry.runnable, entry.key = c.fn, c.key
+            self._installed(piece, backend)
+
+    def _compiles_of(self, piece: Piece) -> list[PieceCompile]:
+        """A piece's compiles: its general shape, each compile range and each compile size
+        (with inputs bound to the size; a size they cannot be made for compiles at first call)."""
+        out = [PieceCompile(piece, None, piece.args)]
+        if piece.locator is None:
+            return out
+        out += [PieceCompile(piece, range_label(lo, hi), piece.args) for lo, hi in self.ranges]
+        for size in self.compile_sizes:
+            args = size_args(piece.args, piece.locator, size)
+            if args is not None:
+                out.append(PieceCompile(piece, size, args))
+        return out
+
+    def _compile_one(self, c: PieceCompile) -> None:
+        c.fn = self.manager.compile(c.piece.graph, c.args, c.piece.index, c.shape, c.piece.locator)
 
     def call_module(self, target: Any, args: tuple, kwargs: dict) -> Any:
         if target not in self.compile_names:
@@ -228,6 +276,9 @@ class PiecewiseCompileInterpreter(torch.fx.Interpreter):
         by_range = compile_ranges(self.manager, piece.graph, piece.args, piece.index, self.ranges, piece.locator)
         backend = PiecewiseBackend(piece.graph, piece.index, general, piece.locator, self.compile_sizes,
                                    self.manager, by_range)
+        self._installed(piece, backend)
+
+    def _installed(self, piece: Piece, backend: PiecewiseBackend) -> None:
         self.backends[piece.target] = backend
         install(self.module, piece.target, backend)
         if self.progress is not None:

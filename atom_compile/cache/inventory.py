@@ -25,7 +25,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Union
 
 from ..errors import AtomCompileError
 from . import run_stats, trust
@@ -70,6 +70,13 @@ class ArchiveError(InventoryError, ValueError):
 
 
 # --- reading one cache ---------------------------------------------------------------------
+
+
+def _shape_order(shape: Any) -> tuple:
+    if isinstance(shape, int):
+        return (0, shape, "")
+    lo = str(shape).split("-")[0]
+    return (1, int(lo) if lo.isdigit() else 0, str(shape))
 
 
 @dataclass
@@ -154,10 +161,11 @@ class CacheInfo:
         return sorted({p.rank for p in self.pieces})
 
     @property
-    def shapes(self) -> list[Optional[int]]:
-        """Runtime shapes with an entry: None (the general shape) first, then sizes ascending."""
+    def shapes(self) -> list[Optional[Union[int, str]]]:
+        """Runtime shapes with an entry: None (the general shape) first, then compile sizes
+        ascending, then compile ranges ("lo-hi") by their low end."""
         found = {e.get("runtime_shape") for e in self.entries}
-        return ([None] if None in found else []) + sorted(s for s in found if s is not None)
+        return ([None] if None in found else []) + sorted((s for s in found if s is not None), key=_shape_order)
 
     @property
     def torch_version(self) -> Optional[str]:

@@ -6,6 +6,7 @@ Layout, beside the per-rank directories of one `<hash>`::
     <hash>/shared/<prefix>/content/<content key>.json  which artifact holds that content
     <hash>/shared/<prefix>/locks/<content key>.lock    held by the rank compiling it
     <hash>/shared/<prefix>/locks/<content key>.owner   "<rank> <pid>" while it compiles
+    <hash>/shared/<prefix>/locks/probe-<random>        a rank's probe while the group agrees
 
 A piece's content key covers its code, shapes and constants, so equal keys on two ranks mean
 the same compiled code. The rank that takes a key's lock first compiles and publishes; the
@@ -21,6 +22,8 @@ import contextlib
 import json
 import logging
 import os
+import re
+import time
 import uuid
 from pathlib import Path
 from typing import Iterator, Optional
@@ -28,12 +31,14 @@ from typing import Iterator, Optional
 import filelock
 
 from . import trust
-from .index import SHA_RE, check_rel_path
+from .index import INDEX_FILE, SHA_RE, check_rel_path
+from .scratch import SCRATCH_DIR as SCRATCH_DIR_NAME
 from .store import PieceCache, atomic_write, damage, digest_problem, warn_once
 
 logger = logging.getLogger("atom_compile")
 
 SHARED_DIR = "shared"
+PROBE_RE = re.compile(r"probe-[0-9a-f]{32}")
 _RECORD_KEYS = ("content_key", "graph", "compiler", "handle", "sha256", "bytes")
 
 
@@ -47,6 +52,10 @@ class SharedPieces:
         self.path = cache.hash_path / SHARED_DIR / cache.path.name
         self.ready = False
         self.peer_warned = False  # a peer's failure was already named (the group's barrier)
+        # monotonic time past which a lock is not waited for (the group's barrier already
+        # waited one timeout for the owners): None waits `timeout` per lock
+        self.deadline: Optional[float] = None
+        self._probe: Optional[str] = None
 
     def _dirs(self) -> bool:
         if not self.ready:
@@ -71,8 +80,8 @@ class SharedPieces:
             yield False
             return
         name = ck[:32]
-        lock = filelock.FileLock(str(self.path / "locks" / f"{name}.lock"), timeout=self.timeout,
-                                 mode=trust.FILE_MODE)
+        wait = self.timeout if self.deadline is None else min(self.timeout, max(0.0, self.deadline - time.monotonic()))
+        lock = filelock.FileLock(str(self.path / "locks" / f"{name}.lock"), timeout=wait, mode=trust.FILE_MODE)
         try:
             lock.acquire()
         except filelock.Timeout:
@@ -103,27 +112,32 @@ class SharedPieces:
                   "%s...; compiling it on rank %d.", who[0] if who else "?", who[1] if len(who) > 1 else "?",
                   name[:12], self.rank)
 
-    def store_id(self) -> Optional[str]:
-        """A token that every process seeing this shared directory reads alike (the first one
-        writes it): ranks with equal tokens share a store; None without a usable directory."""
+    def probe(self) -> Optional[str]:
+        """Write a fresh, empty probe file into this store and return its name: a rank that
+        finds it sees the same store (group_compile.py). None without a usable directory. A
+        probe rather than a token stored once: a copied cache root (an image, an rsync) would
+        carry a token to stores that are not the same one."""
         if not self.cache.writable or not self._dirs():
             return None
-        path = self.path / "locks" / "store-id"
-        if not os.path.lexists(path):
-            tmp = path.with_name(f".store-id-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-            try:
-                _write_quiet(tmp, uuid.uuid4().hex.encode())
-                os.link(tmp, path)  # fails if another process was first: its token stands
-            except OSError:
-                pass
-            finally:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
+        name = f"probe-{uuid.uuid4().hex}"
         try:
-            token = trust.read_bytes(self.cache.root, path, 64).decode().strip()
-        except (OSError, ValueError, trust.Untrusted):
+            atomic_write(self.path / "locks" / name, b"")
+        except OSError:
             return None
-        return token or None
+        self._probe = name
+        return name
+
+    def sees(self, probe: object) -> bool:
+        """Whether another rank's probe (its name, as that rank sent it) is in this store."""
+        return isinstance(probe, str) and PROBE_RE.fullmatch(probe) is not None and self.ready \
+            and os.path.lexists(self.path / "locks" / probe)
+
+    def drop_probe(self) -> None:
+        """Remove this rank's probe (once every rank has looked for it)."""
+        if self._probe is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path / "locks" / self._probe)
+            self._probe = None
 
     def lookup(self, ck: str) -> Optional[dict]:
         """The published record of `ck`, or None (absent, or damaged: named once)."""
@@ -171,6 +185,31 @@ class SharedPieces:
             return None
         return dict(record)
 
+    def borrow_libraries(self, scratch: Path) -> int:
+        """Link into `scratch` (this rank's Inductor directory) the compiled C++ libraries that
+        the other ranks' directories of this cache hold and it lacks, each checked against the
+        digest that rank's committed index records. A CPU artifact names its library without
+        carrying it: loading a peer's piece would otherwise run the C++ compiler again on every
+        rank. Returns how many were linked."""
+        linked = 0
+        for index_path in sorted(self.cache.hash_path.glob(f"rank_*/{self.cache.path.name}/{INDEX_FILE}")):
+            sibling = index_path.parent
+            if sibling == self.cache.path:
+                continue
+            for rel, digest in _libraries(self.cache.root, index_path).items():
+                target = scratch / rel
+                if os.path.lexists(target):
+                    continue
+                source = sibling / SCRATCH_DIR_NAME / rel
+                try:
+                    if trust.sha256_trusted(self.cache.root, source) != digest:
+                        continue
+                    _link(self.cache.root, source, target)
+                except (OSError, trust.Untrusted):
+                    continue
+                linked += 1
+        return linked
+
     def publish(self, entry: dict) -> None:
         """Make a freshly compiled artifact (already in this rank's directory) shared."""
         if not self._dirs():
@@ -186,6 +225,24 @@ class SharedPieces:
         except OSError as exc:
             warn_once(f"shared-write:{self.path}", "atom-compile: cannot share a piece through %s (%s); "
                       "the other ranks compile it themselves.", self.path, exc.strerror or exc)
+
+
+def _libraries(root: Path, index_path: Path) -> dict[str, str]:
+    """{path under the scratch directory: sha256} of the shared libraries an index records."""
+    try:
+        index = trust.loads_bounded(trust.read_bytes(root, index_path, trust.MAX_JSON_BYTES).decode())
+    except (OSError, ValueError, trust.Untrusted):
+        return {}
+    files = index.get("inductor_files") if isinstance(index, dict) else None
+    out = {}
+    for rel, digest in (files.items() if isinstance(files, dict) else ()):
+        try:
+            check_rel_path(rel)
+        except ValueError:
+            continue
+        if rel.endswith(".so") and isinstance(digest, str) and SHA_RE.match(digest):
+            out[rel] = digest
+    return out
 
 
 def _link(root: Path, source: Path, target: Path) -> None:

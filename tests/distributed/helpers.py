@@ -57,3 +57,11 @@ def stderr_tail(tmp: Path, names: list[str]) -> str:
 
 def total(reports: list[dict], counter: str) -> int:
     return sum(r["counters"][counter] for r in reports)
+
+
+def cli(*args: str) -> str:
+    """Run `atom-compile-cache ARGS`; its stdout (asserting it succeeded)."""
+    proc = subprocess.run([sys.executable, "-m", "atom_compile.cli", *args], capture_output=True, text=True,
+                          env=env(), timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc.stdout

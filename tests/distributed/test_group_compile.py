@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tarfile
 import time
 
-from atom_compile.backends.group_compile import assign_owners
+import pytest
 
-from .helpers import JOB, env, finish, start_group, total
+from atom_compile.backends.group_compile import LOCK_GRACE_S, assign_owners
+
+from .helpers import JOB, cli, env, finish, start_group, total
 
 TOL = 1e-5
 
@@ -28,11 +31,11 @@ def test_owners_are_spread_and_rank_specific_keys_stay_home():
     assert assign_owners([[], []]) == {}
 
 
-def _torchrun(tmp_path, name: str, cache_root) -> list[dict]:
+def _torchrun(tmp_path, name: str, cache_root, *extra: str) -> list[dict]:
     out = tmp_path / f"{name}-{{rank}}.json"
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(JOB),
-         "--cache-root", str(cache_root), "--out", str(out), "--layers", "1"],
+         "--cache-root", str(cache_root), "--out", str(out), "--layers", "1", *extra],
         capture_output=True, text=True, env=env(OMP_NUM_THREADS="1"), timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     import json
@@ -53,20 +56,67 @@ def test_torchrun_group_compiles_each_piece_once_spread_over_ranks(tmp_path):
     assert [r["counters"]["num_inductor_compiles"] for r in cold] == [1, 1]
     assert [r["counters"]["num_peer_pieces_loaded"] for r in cold] == [1, 1]
     assert g0["peer_problem"] is None and total(cold, "num_cache_errors") == 0
+    # the loader linked the owner's compiled C++ libraries instead of building them again
+    libs = [{p.name: p.stat().st_ino for p in root.glob(f"torch_compile_cache/*/rank_{r}/*/inductor/**/*.so")}
+            for r in range(2)]
+    assert libs[0] and libs[0] == libs[1], libs
 
     warm = _torchrun(tmp_path, "warm", root)
     assert all(r["max_abs_err"] < TOL for r in warm)
     assert total(warm, "num_inductor_compiles") == 0 and total(warm, "num_cache_errors") == 0
 
 
-def test_rank_killed_in_its_share_the_other_finishes(tmp_path):
-    """Rank 1 dies inside the compile of its share: rank 0 passes the barrier with one warning,
-    compiles the missing piece itself and answers correctly, in bounded time."""
+def test_compile_sizes_and_ranges_join_the_agreement(tmp_path):
+    """Every compile of a piece (general shape, a compile range, a compile size) is one unit
+    of the exchange: 2 pieces x 3 shapes = 6 compiles, 3 per rank, none at run time (the size
+    compiled ahead serves the call of 8 tokens, the range [1, 4) the call of 2)."""
+    root = tmp_path / "cache"
+    shapes = ("--compile-sizes", "8", "--ranges", "1-4")
+    cold = _torchrun(tmp_path, "cold", root, *shapes)
+    assert all(r["max_abs_err"] < TOL for r in cold), [r["max_abs_err"] for r in cold]
+    [g0], [g1] = cold[0]["group"], cold[1]["group"]
+    assert g0["pieces"] == g1["pieces"] == 6 and g0["unique_missing"] == 6
+    assert (g0["owned"], g1["owned"]) == (3, 3) and g0["owners"] == {"0": 3, "1": 3}
+    assert [r["counters"]["num_inductor_compiles"] for r in cold] == [3, 3]
+    assert [r["counters"]["num_peer_pieces_loaded"] for r in cold] == [3, 3]
+    # per rank: 2 ranges + 2 sizes in the agreement, no size compiled (or loaded) at its call
+    assert [r["counters"]["num_concrete_compilations"] for r in cold] == [4, 4]
+    assert total(cold, "num_cache_errors") == 0
+
+    warm = _torchrun(tmp_path, "warm", root, *shapes)
+    assert all(r["max_abs_err"] < TOL for r in warm)
+    assert total(warm, "num_inductor_compiles") == 0 and total(warm, "num_cache_errors") == 0
+    _tools_ignore_the_locks(tmp_path, root)
+
+
+def _tools_ignore_the_locks(tmp_path, root) -> None:
+    """The shared store's locks/ (key locks, a probe a killed rank left behind) is neither
+    exported nor taken for damage; inspect lists the sizes and ranges beside the general shape."""
+    [cache] = [p for p in (root / "torch_compile_cache").iterdir() if len(p.name) == 16]
+    [locks] = list(cache.glob("shared/*/locks"))
+    assert not list(locks.glob("probe-*"))  # each rank removed its own after the agreement
+    (locks / ("probe-" + "0" * 32)).write_bytes(b"")
+    assert " ok " in cli("verify", cache.name, "--cache-root", str(root))
+    assert "shapes        general,8,1-4" in cli("inspect", cache.name, "--cache-root", str(root))
+    archive = tmp_path / "tp.tar.gz"
+    cli("export", cache.name, "-o", str(archive), "--cache-root", str(root))
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+    assert any("/rank_1/" in n for n in names) and not any("/shared" in n or "probe-" in n for n in names)
+
+
+@pytest.mark.parametrize("stall", [False, True], ids=["killed", "hung"])
+def test_rank_killed_in_its_share_the_other_finishes(tmp_path, stall):
+    """Rank 1 dies (or hangs, holding its piece's lock) inside the compile of its share: rank 0
+    passes the barrier with one warning, compiles the missing piece itself and answers
+    correctly, in one timeout: the lock of the hung owner is not waited for a second time."""
     root = tmp_path / "cache"
     started = time.monotonic()
+    timeout = 20.0
     procs = start_group(tmp_path, root, "k", 2, "--replicated", "--layers", "1",
                         "--die-in-compile", str(tmp_path / "dying"), "--die-rank", "1",
-                        extra_env={"ATOM_COMPILE_PEER_TIMEOUT": "20"})
+                        *(["--stall"] if stall else []),
+                        extra_env={"ATOM_COMPILE_PEER_TIMEOUT": str(int(timeout))})
     try:
         [report] = finish(tmp_path, procs[:1], ["k-0"], timeout=180)
     finally:
@@ -78,6 +128,9 @@ def test_rank_killed_in_its_share_the_other_finishes(tmp_path):
     [g] = report["group"]
     assert g["owners"] == {"0": 1, "1": 1} and g["owned"] == 1 and g["peer_problem"]
     assert report["counters"]["num_inductor_compiles"] == 2  # its share, then the dead rank's
+    # the rest (one tiny compile, a few seconds) waited at most LOCK_GRACE_S for the hung
+    # owner's lock; waiting a full timeout again would put it past `timeout`
+    assert g["rest_s"] < timeout - LOCK_GRACE_S, g
     err = (tmp_path / "k-0.err").read_text()
     assert err.count("atom-compile:") == 1, err[-3000:]  # one warning, no second from the locks
     assert err.count("not every rank finished its share") == 1, err[-3000:]
