@@ -24,6 +24,10 @@ from ..errors import AtomValueError
 from ..runtime.graphs import token_graph
 from .llama import Attention, LlamaConfig, LlamaForCausalLM, RMSNorm, RotaryEmbedding, kv_cache_tensor
 
+# newer torch names the collective `all_gather_single` (its `all_gather_tensor`, the same thing,
+# warns as deprecated); torch 2.11 (the GPU machine's) has only `all_gather_tensor`
+_all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+
 
 def _split(n: int, world: int, what: str) -> int:
     if n % world:
@@ -159,7 +163,7 @@ class TPLlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         local = nn.functional.linear(hidden, self.lm_head.weight)
-        return funcol.all_gather_single(local, local.dim() - 1, self.group)
+        return _all_gather(local, local.dim() - 1, self.group)
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> None:
         """One cache per layer for this rank's KV heads (see LlamaForCausalLM.allocate_kv_cache)."""
