@@ -42,6 +42,15 @@ def _case(lengths, q_len, heads, kv_heads, dim, dtype, block_size=16, pad_seqs=0
     return q, k, v, cache, meta
 
 
+def _reference(q, k, v, cache, meta, scale):
+    """(output, cache) of the pure-torch reference: write the step's keys and values, attend."""
+    want = torch.zeros_like(q)
+    cache_ref = cache.clone()
+    ref.write_kv(k, v, cache_ref, meta.slot_mapping)
+    ref._torch_paged_attention(q, cache_ref[0], cache_ref[1], want, meta, scale)
+    return want, cache_ref
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2), (8, 2)])
 @pytest.mark.parametrize("lengths,q_len,pad", [([1], 1, 0), ([17, 16, 5], 1, 1), ([300], 1, 0),
@@ -50,10 +59,7 @@ def test_matches_reference(tri, dtype, heads, kv_heads, lengths, q_len, pad):
     dim = 32 if heads != 6 else 24  # 24: a head size that is not a power of two
     q, k, v, cache, meta = _case(lengths, q_len, heads, kv_heads, dim, dtype, pad_seqs=pad)
     scale = dim ** -0.5
-    want = torch.zeros_like(q)
-    cache_ref = cache.clone()
-    ref.write_kv(k, v, cache_ref, meta.slot_mapping)
-    ref._torch_paged_attention(q, cache_ref[0], cache_ref[1], want, meta, scale)
+    want, cache_ref = _reference(q, k, v, cache, meta, scale)
     got = torch.full_like(q, float("nan"))
     cache_tri = cache.clone()
     tri.triton_write_kv(k, v, cache_tri, meta.slot_mapping)
@@ -146,10 +152,7 @@ def test_the_launch_that_also_writes_the_kv_matches_write_then_attend(tri, dtype
     q, k, v, cache, meta = _case(lengths, 1, heads, kv_heads, dim, dtype, pad_seqs=1, seed=len(lengths) + 7)
     assert tri.writes_kv(meta)
     scale = dim ** -0.5
-    want = torch.zeros_like(q)
-    cache_ref = cache.clone()
-    ref.write_kv(k, v, cache_ref, meta.slot_mapping)
-    ref._torch_paged_attention(q, cache_ref[0], cache_ref[1], want, meta, scale)
+    want, cache_ref = _reference(q, k, v, cache, meta, scale)
     got = torch.full_like(q, float("nan"))
     cache_tri = cache.clone()
     tri.triton_paged_attention(q, cache_tri[0], cache_tri[1], got, meta, scale, new_kv=(k, v))
