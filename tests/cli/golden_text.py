@@ -39,9 +39,10 @@ def comparable(text: str) -> str:
     """What must match a golden file: the text with any run of '#' digits as one, and runs of
     spaces as one (a size one digit longer elsewhere widens its column; alignment is checked
     on the raw output by assert_aligned instead). The CUDA/HIP versions torch was built for
-    differ between a CPU wheel and a CUDA one, so their values are masked."""
+    differ between a CPU wheel and a CUDA one, and Triton is absent beside a CPU wheel (null)
+    and present elsewhere, so their values are masked."""
     text = re.sub(r"#[#.]*", "#", text)
-    text = re.sub(r"^(\s*environment\.(?:cuda|hip)\s+)\S+$", r"\1<build>", text, flags=re.M)
+    text = re.sub(r"^(\s*environment\.(?:cuda|hip|triton)\s+)\S+$", r"\1<build>", text, flags=re.M)
     return "\n".join(re.sub(r" {2,}", "  ", line) for line in text.splitlines())
 
 
