@@ -62,4 +62,7 @@ def test_second_process_takes_the_recorded_answer(tmp_path):
     answer["valid"] = answer["valid"][1:]
     (probe_dir / "answer.json").write_text(json.dumps(answer))
     third = _prime(probe_dir)
-    assert third["probes"] > 0 and not third["answered"] and third["isa"] == first["isa"]
+    assert not third["answered"] and third["isa"] == first["isa"]
+    # the probe ran again: a load in a child process, unless torch (2.14 on) remembers loads that
+    # passed with a `<lib>.so.load_ok` marker beside the test program
+    assert third["probes"] > 0 or any(probe_dir.rglob("*.load_ok")), third
