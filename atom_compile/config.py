@@ -82,6 +82,11 @@ class CompilationConfig:
     # vLLM's use_inductor_graph_partition: level 3 gives Inductor the whole graph, which it
     # partitions at the splitting ops itself (backends/graph_partition.py). Hashed when True.
     use_inductor_graph_partition: bool = False
+    # The built-in post-grad pass (backends/residual_add.py) that keeps a residual add out of
+    # the GEMM before it (Inductor's addmm copies the residual first: a copy per add); the add
+    # fuses into the next kernel. Changes compiled code: it enters each piece's key through the
+    # compiler options (as inductor_passes do), so caches made without it are not reused.
+    residual_add_pass: bool = True
     inductor_compile_config: dict = field(default_factory=dict)
     debug_dump_path: str = ""
     cache_dir: str = ""
@@ -110,6 +115,7 @@ class CompilationConfig:
         self.use_inductor_graph_partition = _check_bool(
             "CompilationConfig.use_inductor_graph_partition", self.use_inductor_graph_partition)
         self.trace_layers_once = _check_bool("CompilationConfig.trace_layers_once", self.trace_layers_once)
+        self.residual_add_pass = _check_bool("CompilationConfig.residual_add_pass", self.residual_add_pass)
         if self.cudagraph_mode is not None:
             self.cudagraph_mode = CUDAGraphMode.parse(
                 self.cudagraph_mode, "CompilationConfig.cudagraph_mode"

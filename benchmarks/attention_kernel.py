@@ -12,7 +12,11 @@ decode op per layer in the graph: the step's key and value written, then attende
 where the tree has `writes_kv`, else the write launch and the attention launch), so the same
 script on an older tree measures what the one-launch kernel replaced.
 
-    python benchmarks/attention_kernel.py [--batch 1,8,32] [--context 1024] [--iters 200]
+    python benchmarks/attention_kernel.py [--batch 1,8,32] [--context 1024] [--iters 200] [--sweep]
+
+--sweep also times the whole decode op in the graph for each tuning of the kernel (span
+programs per multiprocessor, keys per loop step, warps: the constants at the top of
+ops/triton_attention.py) and prints the best per batch against the tree's defaults.
 """
 
 from __future__ import annotations
@@ -100,11 +104,53 @@ def bench(batch: int, context: int, iters: int) -> dict:
             "splits": plan.num_splits, "copies": len(caches)}
 
 
+SWEEP = [(ppsm, block_n, warps) for ppsm in (2, 4, 8) for block_n in (32, 64, 128) for warps in (2, 4)]
+
+
+def sweep(batch: int, context: int, iters: int) -> list[tuple[tuple, float]]:
+    """The in-graph decode op (KV write + attention) per tuning, fastest first, at one batch."""
+    from atom_compile.ops import triton_attention as ta
+
+    defaults = (ta.PROGRAMS_PER_SM, ta.BLOCK_N, ta.NUM_WARPS)
+    kv_bytes = 2 * batch * context * KV_HEADS * DIM * 2
+    q, caches, meta = _case(batch, context, min(max(1, (256 << 20) // (kv_bytes + 1)), 512))
+    k = torch.randn(batch, KV_HEADS, DIM, device="cuda", dtype=torch.bfloat16)
+    v, out = torch.randn_like(k), torch.empty_like(q)
+    timings = []
+    try:
+        for tuning in SWEEP:
+            ta.PROGRAMS_PER_SM, ta.BLOCK_N, ta.NUM_WARPS = tuning
+            us = _graph_us([lambda c=c: _decode_op(ta, q, k, v, c, out, meta, DIM ** -0.5) for c in caches], iters)
+            timings.append((tuning, us))
+    finally:
+        ta.PROGRAMS_PER_SM, ta.BLOCK_N, ta.NUM_WARPS = defaults
+    return sorted(timings, key=lambda t: t[1])
+
+
+def print_sweep(batches: list[int], context: int, iters: int) -> None:
+    """One row per tuning, one column per batch (us per layer); the fastest of each column starred."""
+    from atom_compile.ops import triton_attention as ta
+
+    defaults = (ta.PROGRAMS_PER_SM, ta.BLOCK_N, ta.NUM_WARPS)
+    columns = {batch: dict(sweep(batch, context, iters)) for batch in batches}
+    print("\nsweep: the decode op (KV write + attention) in a CUDA graph, us per layer")
+    print("| programs/SM, BLOCK_N, warps | " + " | ".join(f"bs {b}" for b in batches) + " |")
+    print("|---|" + "---|" * len(batches))
+    for tuning in SWEEP:
+        cells = []
+        for batch in batches:
+            us = columns[batch][tuning]
+            cells.append(f"{us:.2f}{'*' if us == min(columns[batch].values()) else ''}")
+        label = f"{tuning}{' (defaults)' if tuning == defaults else ''}"
+        print(f"| {label} | " + " | ".join(cells) + " |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", default="1,8,32", help="comma-separated batch sizes")
     ap.add_argument("--context", type=int, default=1024, help="keys per row (a multiple of 16)")
     ap.add_argument("--iters", type=int, default=200, help="timed runs per measurement (>= 100)")
+    ap.add_argument("--sweep", action="store_true", help="also time each kernel tuning (SWEEP)")
     args = ap.parse_args()
     batches = [int(b) for b in args.batch.split(",")]
     if args.context <= 0 or args.context % BLOCK or args.iters < 100 or min(batches) <= 0:
@@ -128,6 +174,8 @@ def main() -> None:
         r = bench(batch, args.context, args.iters)
         print(f"| {batch} | {r['splits']} | {r['graph_us']:.2f} | {r['tb_s']:.2f} | "
               f"{r['tb_s'] / copy_tb_s:.0%} | {r['op_us']:.2f} | {r['eager_us']:.2f} |", flush=True)
+    if args.sweep:
+        print_sweep(batches, args.context, args.iters)
 
 
 if __name__ == "__main__":

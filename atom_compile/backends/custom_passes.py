@@ -18,6 +18,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from ..config import DEFAULT_SPLITTING_OPS, CompilationConfig
 from ..passes import pass_factors, resolve_pass
 from . import graph_partition
+from .residual_add import ResidualAddPass
 
 POST_PASS_KEY = "post_grad_custom_post_pass"
 
@@ -42,10 +43,12 @@ class PostGradPasses(CustomGraphPass):
 
 
 def compiler_config(cc: CompilationConfig) -> dict[str, Any]:
-    """The Inductor options a piece compiles with: inductor_compile_config, the passes, and
-    Inductor graph partition's (when use_inductor_graph_partition is on)."""
+    """The Inductor options a piece compiles with: inductor_compile_config, the passes (the
+    built-in residual-add pass first, when on), and Inductor graph partition's (when
+    use_inductor_graph_partition is on)."""
     out = dict(cc.inductor_compile_config)
     out.update(graph_partition.inductor_options(cc, DEFAULT_SPLITTING_OPS))
-    if cc.inductor_passes:
-        out[POST_PASS_KEY] = PostGradPasses(cc.inductor_passes)
+    passes = ([ResidualAddPass()] if cc.residual_add_pass else []) + list(cc.inductor_passes)
+    if passes:
+        out[POST_PASS_KEY] = PostGradPasses(passes)
     return out

@@ -22,9 +22,14 @@ from ..errors import AtomValueError
 from .triton_attention_kernels import _attention_kernel, _write_kv_kernel
 from .triton_launch import FastLaunch, cdiv, next_power_of_2
 
-PROGRAMS_PER_SM = 4  # span programs to aim for, per multiprocessor
-_SMS: dict = {}
+# Tuning (benchmarks/attention_kernel.py --sweep measures the alternatives): span programs to
+# aim for per multiprocessor, keys per loop step, warps per program. MAX_SPLITS bounds the
+# merge's [spans, head_dim] tile (registers) for very long contexts at small batches.
+PROGRAMS_PER_SM = 4
 BLOCK_N = 64
+NUM_WARPS = 4
+MAX_SPLITS = 64
+_SMS: dict = {}
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,7 @@ class _Plan:
     group: int
     g_pad: int
     d_pad: int
+    s_pad: int  # spans padded to a power of two: the merge's tile
     scratch: int  # float32 elements: partial outputs, then (max, sum) pairs
     ml_offset: int
     tickets: int  # int32 counters, one per (row, KV head); 0 where every row fits one span
@@ -54,14 +60,14 @@ def _spans(capacity: int, groups: int, device: torch.device) -> tuple[int, int]:
     if device not in _SMS:
         cuda = device.type == "cuda"
         _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 132
-    wanted = cdiv(PROGRAMS_PER_SM * _SMS[device], max(1, groups))
+    wanted = min(cdiv(PROGRAMS_PER_SM * _SMS[device], max(1, groups)), MAX_SPLITS)
     splits = max(1, min(cdiv(capacity, BLOCK_N), wanted))
     keys = cdiv(cdiv(capacity, splits), BLOCK_N) * BLOCK_N
     return cdiv(capacity, keys), keys
 
 
 def _plan(rows: int, num_heads: int, num_kv_heads: int, head_dim: int, capacity: int, device: torch.device) -> _Plan:
-    key = (rows, num_heads, num_kv_heads, head_dim, capacity, device)
+    key = (rows, num_heads, num_kv_heads, head_dim, capacity, device, PROGRAMS_PER_SM, BLOCK_N)
     plan = _plans.get(key)
     if plan is None:
         num_splits, keys_per_split = _spans(capacity, rows * num_kv_heads, device)
@@ -69,7 +75,7 @@ def _plan(rows: int, num_heads: int, num_kv_heads: int, head_dim: int, capacity:
         group = num_heads // num_kv_heads
         partials = rows * num_heads * num_splits if num_splits > 1 else 0
         plan = _Plan(num_splits, keys_per_split, group, max(16, next_power_of_2(group)), d_pad,
-                     max(1, partials * (d_pad + 2)), partials * d_pad, rows * num_kv_heads if num_splits > 1 else 0)
+                     next_power_of_2(num_splits), max(1, partials * (d_pad + 2)), partials * d_pad, rows * num_kv_heads if num_splits > 1 else 0)
         _plans[key] = plan
     return plan
 
@@ -116,9 +122,9 @@ def _attention_launch_args(query, k_cache, v_cache, output, meta, scale: float, 
          key.stride(0), key.stride(1), value.stride(0), value.stride(1),
          scale, num_heads, num_kv_heads, plan.num_splits, plan.keys_per_split, plan.ml_offset),
         {"GROUP": plan.group, "G_PAD": plan.g_pad, "BLOCK_SIZE": block_size, "BLOCK_N": BLOCK_N,
-         "HEAD_DIM": head_dim, "D_PAD": plan.d_pad, "IEEE": k_cache.dtype == torch.float32,
+         "HEAD_DIM": head_dim, "D_PAD": plan.d_pad, "S_PAD": plan.s_pad, "IEEE": k_cache.dtype == torch.float32,
          "WRITE_KV": new_kv is not None},
-        4,
+        NUM_WARPS,
     )
 
 

@@ -105,25 +105,27 @@ def _publish_partial(acc_ptr, ml_ptr, ticket_ptr, slot, offs_d, g_mask, m_i, l_i
 
 
 @triton.jit
-def _merge_partials(acc_ptr, ml_ptr, base_slot, active, offs_d, g_mask, G_PAD: tl.constexpr, D_PAD: tl.constexpr):
-    # the spans' partials, merged in span order (the same result whichever program merges);
-    # .cg loads: from L2, where the other programs' stores went, never a stale L1 line
-    m_all = tl.full([G_PAD], float("-inf"), tl.float32)
-    l_all = tl.zeros([G_PAD], tl.float32)
-    acc_all = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
-    for s_idx in range(0, active):
-        part = base_slot + s_idx
-        m_s = tl.load(ml_ptr + part * 2, mask=g_mask, other=0.0, cache_modifier=".cg")
-        l_s = tl.load(ml_ptr + part * 2 + 1, mask=g_mask, other=0.0, cache_modifier=".cg")
-        acc_s = tl.load(acc_ptr + part[:, None] * D_PAD + offs_d[None, :], mask=g_mask[:, None],
+def _merge_partials(acc_ptr, ml_ptr, out_ptr, row, num_heads, kv_head, num_splits, active, offs_d, d_mask,
+                    stride_ot, stride_oh, GROUP: tl.constexpr, S_PAD: tl.constexpr, D_PAD: tl.constexpr):
+    # the spans' partials of each head of the group, merged and stored: one [S_PAD, D_PAD] tile
+    # per head (every span at once, a fixed reduction order: the same result whichever program
+    # merges); the heads are unrolled, so their loads are all in flight together. .cg loads:
+    # from L2, where the other programs' stores went, never a stale L1 line
+    offs_s = tl.arange(0, S_PAD)
+    s_mask = offs_s < active
+    for g in tl.static_range(GROUP):
+        head = kv_head * GROUP + g
+        part = (row * num_heads + head) * num_splits + offs_s
+        m_s = tl.load(ml_ptr + part * 2, mask=s_mask, other=float("-inf"), cache_modifier=".cg")
+        l_s = tl.load(ml_ptr + part * 2 + 1, mask=s_mask, other=0.0, cache_modifier=".cg")
+        acc_s = tl.load(acc_ptr + part[:, None] * D_PAD + offs_d[None, :], mask=s_mask[:, None],
                         other=0.0, cache_modifier=".cg")
-        m_new = tl.maximum(m_all, m_s)  # every active span saw a key: m_s is finite
-        alpha = tl.exp(m_all - m_new)
-        beta = tl.exp(m_s - m_new)
-        acc_all = acc_all * alpha[:, None] + acc_s * beta[:, None]
-        l_all = l_all * alpha + l_s * beta
-        m_all = m_new
-    return m_all, l_all, acc_all
+        m_all = tl.max(m_s, axis=0)  # every active span saw a key: finite
+        w = tl.exp(m_s - m_all)  # 0 for the masked spans
+        l_all = tl.sum(l_s * w, axis=0)
+        out = tl.sum(acc_s * w[:, None], axis=0) / l_all
+        tl.store(out_ptr + row * stride_ot + head * stride_oh + offs_d,
+                 out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
 @triton.jit
@@ -134,7 +136,7 @@ def _attention_kernel(
     stride_nkt, stride_nkh, stride_nvt, stride_nvh,
     scale, num_heads, num_kv_heads, num_splits, keys_per_split, ml_offset,
     GROUP: tl.constexpr, G_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, IEEE: tl.constexpr, WRITE_KV: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr, IEEE: tl.constexpr, WRITE_KV: tl.constexpr,
 ):
     # WRITE_KV (decode steps, one row per sequence): the row's own key and value, new this step,
     # are written to the cache by span 0 and attended from the inputs by the span holding them.
@@ -183,9 +185,8 @@ def _attention_kernel(
                                       offs_d, g_mask, m_i, l_i, acc, D_PAD)
             if ticket == active - 1:  # the last span of (row, kv head) to finish merges them all
                 tl.store(ticket_ptr, 0)  # every span has taken its ticket: ready for the next call
-                m_i, l_i, acc = _merge_partials(acc_ptr, ml_ptr, (row * num_heads + heads) * num_splits, active,
-                                                offs_d, g_mask, G_PAD, D_PAD)
-                _store_heads(out_ptr, row, heads, offs_d, g_mask, d_mask, stride_ot, stride_oh, acc, l_i)
+                _merge_partials(acc_ptr, ml_ptr, out_ptr, row, num_heads, kv_head, num_splits, active,
+                                offs_d, d_mask, stride_ot, stride_oh, GROUP, S_PAD, D_PAD)
 
 
 @triton.jit

@@ -115,6 +115,17 @@ def test_one_launch_split_k_matches_reference(tri, monkeypatch, dtype, heads, kv
     assert int(tri._tickets[q.device].abs().sum()) == 0  # every ticket counter back at 0
 
 
+def test_a_long_context_is_split_at_most_max_splits_ways_and_merged_in_one_tile(tri):
+    # one row, one KV head: the GPU-filling split count is far above MAX_SPLITS, so the cap
+    # sets the spans and the merge reads more than 32 partials per head at once
+    q, k, v, cache, meta = _case([9000], 1, 4, 1, 32, torch.float32, seed=3)
+    plan = tri._plan_for(q, cache[0], meta)
+    assert 32 < plan.num_splits <= tri.MAX_SPLITS and plan.s_pad == 64
+    want, got = _attend(tri, q, k, v, cache, meta, 32 ** -0.5)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert int(tri._tickets[q.device].abs().sum()) == 0
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_repeated_calls_restart_the_tickets_from_zero(tri, dtype):
     q, k, v, cache, meta = _case([700, 3, 200], 1, 8, 2, 64, dtype, seed=5)
