@@ -107,42 +107,49 @@ def bench(batch: int, context: int, iters: int) -> dict:
 SWEEP = [(ppsm, block_n, warps) for ppsm in (2, 4, 8) for block_n in (32, 64, 128) for warps in (2, 4)]
 
 
-def sweep(batch: int, context: int, iters: int) -> list[tuple[tuple, float]]:
-    """The in-graph decode op (KV write + attention) per tuning, fastest first, at one batch."""
+def sweep(batch: int, context: int, iters: int) -> dict[tuple, float]:
+    """The in-graph decode op (KV write + attention) per tuning in SWEEP, us, at one batch."""
     from atom_compile.ops import triton_attention as ta
 
-    defaults = (ta.PROGRAMS_PER_SM, ta.BLOCK_N, ta.NUM_WARPS)
     kv_bytes = 2 * batch * context * KV_HEADS * DIM * 2
     q, caches, meta = _case(batch, context, min(max(1, (256 << 20) // (kv_bytes + 1)), 512))
     k = torch.randn(batch, KV_HEADS, DIM, device="cuda", dtype=torch.bfloat16)
     v, out = torch.randn_like(k), torch.empty_like(q)
-    timings = []
+    timings = {}
     try:
         for tuning in SWEEP:
-            ta.PROGRAMS_PER_SM, ta.BLOCK_N, ta.NUM_WARPS = tuning
-            us = _graph_us([lambda c=c: _decode_op(ta, q, k, v, c, out, meta, DIM ** -0.5) for c in caches], iters)
-            timings.append((tuning, us))
+            ta.FORCED = ta.Tuning(*tuning)
+            timings[tuning] = _graph_us([lambda c=c: _decode_op(ta, q, k, v, c, out, meta, DIM ** -0.5)
+                                         for c in caches], iters)
     finally:
-        ta.PROGRAMS_PER_SM, ta.BLOCK_N, ta.NUM_WARPS = defaults
-    return sorted(timings, key=lambda t: t[1])
+        ta.FORCED = None
+    return timings
 
 
 def print_sweep(batches: list[int], context: int, iters: int) -> None:
-    """One row per tuning, one column per batch (us per layer); the fastest of each column starred."""
+    """One row per tuning, one column per batch (us per layer): the fastest of each column
+    starred, the tuning the tree's rule (triton_attention.tuning_for) picks marked with `<`."""
     from atom_compile.ops import triton_attention as ta
 
-    defaults = (ta.PROGRAMS_PER_SM, ta.BLOCK_N, ta.NUM_WARPS)
-    columns = {batch: dict(sweep(batch, context, iters)) for batch in batches}
-    print("\nsweep: the decode op (KV write + attention) in a CUDA graph, us per layer")
+    columns = {batch: sweep(batch, context, iters) for batch in batches}
+    picked = {}
+    for batch in batches:
+        rule = ta.tuning_for(batch * KV_HEADS, torch.device("cuda"))
+        picked[batch] = (rule.programs_per_sm, rule.block_n, rule.num_warps)
+    print("\nsweep: the decode op (KV write + attention) in a CUDA graph, us per layer "
+          "(* fastest, < the tree's rule)")
     print("| programs/SM, BLOCK_N, warps | " + " | ".join(f"bs {b}" for b in batches) + " |")
     print("|---|" + "---|" * len(batches))
     for tuning in SWEEP:
         cells = []
         for batch in batches:
             us = columns[batch][tuning]
-            cells.append(f"{us:.2f}{'*' if us == min(columns[batch].values()) else ''}")
-        label = f"{tuning}{' (defaults)' if tuning == defaults else ''}"
-        print(f"| {label} | " + " | ".join(cells) + " |", flush=True)
+            mark = ("*" if us == min(columns[batch].values()) else "") + ("<" if picked[batch] == tuning else "")
+            cells.append(f"{us:.2f}{mark}")
+        print(f"| {tuning} | " + " | ".join(cells) + " |", flush=True)
+    rule = [columns[b][picked[b]] for b in batches]
+    best = [min(columns[b].values()) for b in batches]
+    print("| the rule / the fastest | " + " | ".join(f"{r / f:.2f}" for r, f in zip(rule, best)) + " |")
 
 
 def main() -> None:

@@ -22,14 +22,39 @@ from ..errors import AtomValueError
 from .triton_attention_kernels import _attention_kernel, _write_kv_kernel
 from .triton_launch import FastLaunch, cdiv, next_power_of_2
 
-# Tuning (benchmarks/attention_kernel.py --sweep measures the alternatives): span programs to
-# aim for per multiprocessor, keys per loop step, warps per program. MAX_SPLITS bounds the
-# merge's [spans, head_dim] tile (registers) for very long contexts at small batches.
-PROGRAMS_PER_SM = 4
-BLOCK_N = 64
-NUM_WARPS = 4
-MAX_SPLITS = 64
+
+@dataclass(frozen=True)
+class Tuning:
+    """Span programs to aim for per multiprocessor, keys per loop step, warps per program."""
+
+    programs_per_sm: int
+    block_n: int
+    num_warps: int
+
+
+# Measured on an H200 (benchmarks/attention_kernel.py --sweep, BENCHMARKS.md): while the
+# launch has fewer (row, KV head) pairs than multiprocessors, the rows are split into spans and
+# long steps of four warps win (fewer partials to merge); once the pairs fill the GPU, short
+# steps of two warps (more programs resident per multiprocessor) do.
+FEW_PAIRS = Tuning(programs_per_sm=2, block_n=128, num_warps=4)
+MANY_PAIRS = Tuning(programs_per_sm=4, block_n=64, num_warps=2)
+FORCED: Optional[Tuning] = None  # set by the sweep to time one tuning at every shape
+MAX_SPLITS = 64  # bounds the merge's [spans, head_dim] tile (registers) at very long contexts
 _SMS: dict = {}
+
+
+def _sms(device: torch.device) -> int:
+    if device not in _SMS:
+        cuda = device.type == "cuda"
+        _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 132
+    return _SMS[device]
+
+
+def tuning_for(pairs: int, device: torch.device) -> Tuning:
+    """The kernel's tuning for a launch of `pairs` (rows x KV heads) on `device`."""
+    if FORCED is not None:
+        return FORCED
+    return FEW_PAIRS if pairs < _sms(device) else MANY_PAIRS
 
 
 @dataclass(frozen=True)
@@ -39,6 +64,8 @@ class _Plan:
 
     num_splits: int
     keys_per_split: int
+    block_n: int
+    num_warps: int
     group: int
     g_pad: int
     d_pad: int
@@ -52,30 +79,31 @@ _plans: dict[tuple, _Plan] = {}
 _attention_launch = FastLaunch(_attention_kernel)
 
 
-def _spans(capacity: int, groups: int, device: torch.device) -> tuple[int, int]:
-    """How many spans to split each row's keys into, and keys per span (a multiple of BLOCK_N):
-    enough programs to fill the GPU at batch 1, fewer and longer spans as the batch grows. It
-    follows shapes only (the block table's width, rows, KV heads), never the step's lengths,
-    so a CUDA graph recorded for a batch size stays right for every step of that size."""
-    if device not in _SMS:
-        cuda = device.type == "cuda"
-        _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 132
-    wanted = min(cdiv(PROGRAMS_PER_SM * _SMS[device], max(1, groups)), MAX_SPLITS)
-    splits = max(1, min(cdiv(capacity, BLOCK_N), wanted))
-    keys = cdiv(cdiv(capacity, splits), BLOCK_N) * BLOCK_N
+def _spans(capacity: int, groups: int, device: torch.device, tuning: Tuning) -> tuple[int, int]:
+    """How many spans to split each row's keys into, and keys per span (a multiple of the
+    tuning's block_n): enough programs to fill the GPU at batch 1, fewer and longer spans as
+    the batch grows. It follows shapes only (the block table's width, rows, KV heads), never
+    the step's lengths, so a CUDA graph recorded for a batch size stays right for every step
+    of that size."""
+    block_n = tuning.block_n
+    wanted = min(cdiv(tuning.programs_per_sm * _sms(device), max(1, groups)), MAX_SPLITS)
+    splits = max(1, min(cdiv(capacity, block_n), wanted))
+    keys = cdiv(cdiv(capacity, splits), block_n) * block_n
     return cdiv(capacity, keys), keys
 
 
 def _plan(rows: int, num_heads: int, num_kv_heads: int, head_dim: int, capacity: int, device: torch.device) -> _Plan:
-    key = (rows, num_heads, num_kv_heads, head_dim, capacity, device, PROGRAMS_PER_SM, BLOCK_N)
+    key = (rows, num_heads, num_kv_heads, head_dim, capacity, device, FORCED)
     plan = _plans.get(key)
     if plan is None:
-        num_splits, keys_per_split = _spans(capacity, rows * num_kv_heads, device)
+        tuning = tuning_for(rows * num_kv_heads, device)
+        num_splits, keys_per_split = _spans(capacity, rows * num_kv_heads, device, tuning)
         d_pad = max(16, next_power_of_2(head_dim))  # tl.dot takes at least 16
         group = num_heads // num_kv_heads
         partials = rows * num_heads * num_splits if num_splits > 1 else 0
-        plan = _Plan(num_splits, keys_per_split, group, max(16, next_power_of_2(group)), d_pad,
-                     next_power_of_2(num_splits), max(1, partials * (d_pad + 2)), partials * d_pad, rows * num_kv_heads if num_splits > 1 else 0)
+        plan = _Plan(num_splits, keys_per_split, tuning.block_n, tuning.num_warps, group,
+                     max(16, next_power_of_2(group)), d_pad, next_power_of_2(num_splits), max(1, partials * (d_pad + 2)),
+                     partials * d_pad, rows * num_kv_heads if num_splits > 1 else 0)
         _plans[key] = plan
     return plan
 
@@ -121,10 +149,10 @@ def _attention_launch_args(query, k_cache, v_cache, output, meta, scale: float, 
          kv_strides[0], kv_strides[1], kv_strides[2], tables.stride(0),
          key.stride(0), key.stride(1), value.stride(0), value.stride(1),
          scale, num_heads, num_kv_heads, plan.num_splits, plan.keys_per_split, plan.ml_offset),
-        {"GROUP": plan.group, "G_PAD": plan.g_pad, "BLOCK_SIZE": block_size, "BLOCK_N": BLOCK_N,
+        {"GROUP": plan.group, "G_PAD": plan.g_pad, "BLOCK_SIZE": block_size, "BLOCK_N": plan.block_n,
          "HEAD_DIM": head_dim, "D_PAD": plan.d_pad, "S_PAD": plan.s_pad, "IEEE": k_cache.dtype == torch.float32,
          "WRITE_KV": new_kv is not None},
-        NUM_WARPS,
+        plan.num_warps,
     )
 
 
@@ -182,7 +210,7 @@ def ticket_counters(elements: int, device: torch.device) -> torch.Tensor:
     if current is None or current.numel() < elements:
         # at least one counter per program a batch-1 launch aims for: a row count that splits its
         # keys has rows * kv_heads below that, so the buffer hardly ever grows
-        size = max(elements, PROGRAMS_PER_SM * _SMS.get(device, 132), 1024)
+        size = max(elements, FEW_PAIRS.programs_per_sm * _sms(device), 1024)
         current = torch.zeros(size, dtype=torch.int32, device=device)
         _tickets[device] = current
         if _capturing(device):  # the zeroing was recorded into the graph, not run

@@ -115,6 +115,19 @@ def test_one_launch_split_k_matches_reference(tri, monkeypatch, dtype, heads, kv
     assert int(tri._tickets[q.device].abs().sum()) == 0  # every ticket counter back at 0
 
 
+@pytest.mark.parametrize("tuning", ["FEW_PAIRS", "MANY_PAIRS"])
+def test_both_tunings_match_the_reference(tri, monkeypatch, tuning):
+    # the rule picks by (rows x KV heads) against the GPU's multiprocessors; force each one
+    monkeypatch.setattr(tri, "FORCED", getattr(tri, tuning))
+    q, k, v, cache, meta = _case([1, 64, 129, 1000, 37], 1, 8, 2, 64, torch.float16, pad_seqs=1, seed=11)
+    plan = tri._plan_for(q, cache[0], meta)
+    assert (plan.block_n, plan.num_warps) == (tri.FORCED.block_n, tri.FORCED.num_warps) and plan.num_splits > 1
+    want, got = _attend(tri, q, k, v, cache, meta, 0.125)
+    real = meta.slot_mapping >= 0
+    torch.testing.assert_close(got[real].float(), want[real].float(), atol=2e-3, rtol=2e-3)
+    assert int(tri._tickets[q.device].abs().sum()) == 0
+
+
 def test_a_long_context_is_split_at_most_max_splits_ways_and_merged_in_one_tile(tri):
     # one row, one KV head: the GPU-filling split count is far above MAX_SPLITS, so the cap
     # sets the spans and the merge reads more than 32 partials per head at once
