@@ -6,7 +6,10 @@ CUDA graph (triton.testing.do_bench_cudagraph), as decode runs them, so Python's
 not counted; each graph cycles through enough copies of the weight (>= 256 MB) that none is
 served from the 50 MB L2.
 
-    python benchmarks/small_m_linear.py [--m 1,2,4,8]
+    python benchmarks/small_m_linear.py [--m 1,2,4,8] [--sweep]
+
+--sweep times every config of triton_linear.CONFIGS that fits, with the weights cycled past L2
+(the tuning itself times one weight, which L2 may hold), and prints the five fastest.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ SHAPES = {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "dow
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--m", default="1,2,4,8")
+    ap.add_argument("--sweep", action="store_true")
     args = ap.parse_args()
     import triton.testing
 
@@ -51,6 +55,22 @@ def main() -> None:
             nbytes = w.numel() * 2
             print(f"| {name} | {m} | {cublas:.1f} | {nbytes / cublas / 1e6:.2f} | {ours:.1f} | "
                   f"{nbytes / ours / 1e6:.2f} | {config} | {cublas / ours:.2f}x |", flush=True)
+            if args.sweep:
+                sweep(triton_linear, x, copies, per, cublas)
+
+
+def sweep(triton_linear, x, copies, per: float, cublas: float) -> None:
+    """Every fitting config on HBM-resident weights: the five fastest, us and against cuBLAS."""
+    import triton.testing
+
+    block_m = triton_linear._block_m(x.shape[0])
+    out = torch.empty(x.shape[0], copies[0].shape[0], device="cuda", dtype=x.dtype)
+    timings = {}
+    for config in (c for c in triton_linear.CONFIGS if triton_linear._fits(c, block_m)):
+        timings[config] = triton.testing.do_bench_cudagraph(
+            lambda: [triton_linear._launch(x, c, None, out, config) for c in copies], rep=50) * per
+    top = sorted(timings.items(), key=lambda t: t[1])[:5]
+    print("    sweep: " + ", ".join(f"{c} {us:.1f} ({cublas / us:.2f}x)" for c, us in top), flush=True)
 
 
 if __name__ == "__main__":

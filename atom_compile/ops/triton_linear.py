@@ -24,7 +24,10 @@ logger = logging.getLogger("atom_compile")
 MAX_M = 8
 # (BLOCK_N, BLOCK_K, num_warps); the first is the default for shapes never tuned
 CONFIGS = [(16, 256, 4), (4, 512, 4), (8, 512, 4), (8, 256, 4), (16, 128, 4), (4, 256, 2), (32, 128, 4),
-           (32, 256, 8), (64, 128, 4)]
+           (32, 256, 8), (64, 128, 4),
+           # one-shot strips: a whole row of K (or half) per loop step, every load in flight at once
+           (4, 2048, 4), (2, 2048, 2), (8, 1024, 4), (2, 4096, 4), (1, 8192, 4), (8, 2048, 8), (2, 8192, 8),
+           (16, 1024, 4), (16, 2048, 8)]
 _tuned: dict[tuple, tuple[int, int, int]] = {}
 
 
