@@ -87,6 +87,10 @@ class CompilationConfig:
     # fuses into the next kernel. Changes compiled code: it enters each piece's key through the
     # compiler options (as inductor_passes do), so caches made without it are not reused.
     residual_add_pass: bool = True
+    # The built-in post-grad pass (backends/small_m_pass.py) that makes a CUDA piece's half-
+    # precision projections call atom::small_m_linear: a Triton GEMV at one row, F.linear else.
+    # Keyed the same way; it changes nothing on CPU.
+    small_m_linear_pass: bool = True
     inductor_compile_config: dict = field(default_factory=dict)
     debug_dump_path: str = ""
     cache_dir: str = ""
@@ -116,6 +120,7 @@ class CompilationConfig:
             "CompilationConfig.use_inductor_graph_partition", self.use_inductor_graph_partition)
         self.trace_layers_once = _check_bool("CompilationConfig.trace_layers_once", self.trace_layers_once)
         self.residual_add_pass = _check_bool("CompilationConfig.residual_add_pass", self.residual_add_pass)
+        self.small_m_linear_pass = _check_bool("CompilationConfig.small_m_linear_pass", self.small_m_linear_pass)
         if self.cudagraph_mode is not None:
             self.cudagraph_mode = CUDAGraphMode.parse(
                 self.cudagraph_mode, "CompilationConfig.cudagraph_mode"

@@ -19,6 +19,7 @@ from ..config import DEFAULT_SPLITTING_OPS, CompilationConfig
 from ..passes import pass_factors, resolve_pass
 from . import graph_partition
 from .residual_add import ResidualAddPass
+from .small_m_pass import SmallMLinearPass
 
 POST_PASS_KEY = "post_grad_custom_post_pass"
 
@@ -44,11 +45,12 @@ class PostGradPasses(CustomGraphPass):
 
 def compiler_config(cc: CompilationConfig) -> dict[str, Any]:
     """The Inductor options a piece compiles with: inductor_compile_config, the passes (the
-    built-in residual-add pass first, when on), and Inductor graph partition's (when
-    use_inductor_graph_partition is on)."""
+    built-in ones first, those that are on: residual add, then small-M linear), and Inductor
+    graph partition's (when use_inductor_graph_partition is on)."""
     out = dict(cc.inductor_compile_config)
     out.update(graph_partition.inductor_options(cc, DEFAULT_SPLITTING_OPS))
-    passes = ([ResidualAddPass()] if cc.residual_add_pass else []) + list(cc.inductor_passes)
+    passes = ([ResidualAddPass()] if cc.residual_add_pass else []) \
+        + ([SmallMLinearPass()] if cc.small_m_linear_pass else []) + list(cc.inductor_passes)
     if passes:
         out[POST_PASS_KEY] = PostGradPasses(passes)
     return out

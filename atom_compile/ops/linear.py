@@ -1,9 +1,10 @@
 """`atom::small_m_linear`: a linear layer that takes the Triton GEMV kernel for few-token calls.
 
-The built-in Llama computes its logits through it: on an H200 the kernel reads a 128k-vocabulary
-LM head 4-7% faster than cuBLAS at 1-8 rows (BENCHMARKS.md). For any call the kernel does not
-take (fp32, CPU, a strided weight, more than MAX_M rows) it is `F.linear` itself. It is not put
-in place of the projections inside compiled pieces: measured there, cuBLAS was faster.
+The built-in Llama computes its logits through it, and the built-in small-M pass
+(backends/small_m_pass.py) puts it in place of a CUDA piece's projections. One row takes the
+GEMV (1.2-1.35x cuBLAS on an H200 for 8-34 MB weights, BENCHMARKS.md); up to MAX_M rows take
+the kernel's padded dots only for a vocabulary-wide layer, where they beat cuBLAS; any other
+call (fp32, CPU, a strided weight, more rows) is `F.linear` itself.
 """
 
 from __future__ import annotations

@@ -17,6 +17,11 @@ import torch
 import triton
 import triton.language as tl
 
+try:
+    from triton.runtime.errors import OutOfResources
+except ImportError:  # an older layout: no config is skipped for its size
+    OutOfResources = ()  # type: ignore[assignment,misc]
+
 from .triton_launch import FastLaunch, cdiv
 
 logger = logging.getLogger("atom_compile")
@@ -97,8 +102,19 @@ def _launch(x, weight, bias, out, config) -> None:
     )
 
 
+def gemv_config(k: int) -> tuple[int, int, int]:
+    """The one-row block shape, untuned: two weight rows per program and a whole K of up to
+    2048 (half of it above) per step, so every program's loads are in flight at once. On an
+    H200 (benchmarks/small_m_linear.py --sweep, weights past L2) it was the fastest or within
+    3% of it for every Llama-3.2-1B projection and the LM head, 1.2-1.35x cuBLAS where the
+    weight is 8-34 MB."""
+    return (2, 2048, 2) if k <= 2048 else (2, 4096, 4)
+
+
 def _tune(x, weight, bias, out) -> tuple[int, int, int]:
     block_m = _block_m(x.shape[0])
+    if block_m == 1:
+        return gemv_config(x.shape[1])
     candidates = [c for c in CONFIGS if _fits(c, block_m)] or [CONFIGS[0]]
     if len(candidates) == 1 or x.device.type != "cuda":
         return candidates[0]
@@ -106,7 +122,10 @@ def _tune(x, weight, bias, out) -> tuple[int, int, int]:
     for config in candidates:
         # timed inside a CUDA graph: launched from Python, a few-microsecond kernel measures
         # Triton's launch overhead, not itself
-        timings[config] = _bench(lambda: _launch(x, weight, bias, out, config))
+        try:
+            timings[config] = _bench(lambda: _launch(x, weight, bias, out, config))
+        except OutOfResources:  # a tile this GPU's shared memory cannot hold
+            continue
     best = min(timings, key=timings.get)
     logger.debug("atom-compile: small-M linear %s tuned to %s (%.2f us)", tuple(x.shape) + tuple(weight.shape),
                  best, timings[best] * 1e3)
@@ -120,10 +139,18 @@ def _bench(fn) -> float:
     return bench(fn, rep=20)
 
 
+# Above one row the kernel pads the rows to 16 for tensor-core dots; measured on an H200 it beat
+# cuBLAS only on a large-vocabulary LM head, so 2..MAX_M rows take it only from this many outputs
+DOT_MIN_N = 32768
+
+
 def supported(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
-    """Whether the kernel takes this call: 2-D half-precision input of at most MAX_M rows, a
-    row-major weight of the same dtype, unit inner strides."""
-    return (x.dim() == 2 and 0 < x.shape[0] <= MAX_M and x.dtype in (torch.float16, torch.bfloat16)
+    """Whether the kernel takes this call: 2-D half-precision input of one row (or of at most
+    MAX_M rows for at least DOT_MIN_N outputs), a row-major weight of the same dtype, unit
+    inner strides."""
+    rows = x.shape[0] if x.dim() == 2 else 0
+    wide = weight.dim() == 2 and weight.shape[0] >= DOT_MIN_N
+    return (x.dim() == 2 and (rows == 1 or (0 < rows <= MAX_M and wide)) and x.dtype in (torch.float16, torch.bfloat16)
             and weight.dim() == 2 and weight.dtype == x.dtype and weight.shape[1] == x.shape[1]
             and x.stride(1) == 1 and weight.stride(1) == 1
             and (bias is None or (bias.dtype == x.dtype and bias.shape == (weight.shape[0],) and bias.stride(0) == 1)))
@@ -136,7 +163,8 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     config = _tuned.get(key)
     if config is None:
         capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
-        config = CONFIGS[0] if capturing else _tune(x, weight, bias, out)
+        config = (gemv_config(x.shape[1]) if _block_m(x.shape[0]) == 1 else CONFIGS[0]) if capturing \
+            else _tune(x, weight, bias, out)
         if not capturing:
             _tuned[key] = config
     _launch(x, weight, bias, out, config)

@@ -43,12 +43,17 @@ def test_full_size_addmm_is_split_and_bias_and_scaled_ones_are_kept():
     assert tuple(mm.meta["val"].shape) == (5, 6)  # metadata for Inductor's later passes
 
 
-def test_the_pass_is_in_the_compiler_options_unless_turned_off():
+def test_the_builtin_passes_are_in_the_compiler_options_unless_turned_off():
     on = compiler_config(CompilationConfig(level=3))[POST_PASS_KEY]
-    assert [type(p).__name__ for p in on.passes] == ["ResidualAddPass"]
-    assert POST_PASS_KEY not in compiler_config(CompilationConfig(level=3, residual_add_pass=False))
-    with pytest.raises(ConfigError, match="CompilationConfig.residual_add_pass"):
-        CompilationConfig(residual_add_pass="yes")
+    assert [type(p).__name__ for p in on.passes] == ["ResidualAddPass", "SmallMLinearPass"]
+    one = compiler_config(CompilationConfig(level=3, small_m_linear_pass=False))[POST_PASS_KEY]
+    assert [type(p).__name__ for p in one.passes] == ["ResidualAddPass"]
+    assert on.uuid() != one.uuid()  # a different set of passes: a different piece key
+    off = CompilationConfig(level=3, residual_add_pass=False, small_m_linear_pass=False)
+    assert POST_PASS_KEY not in compiler_config(off)
+    for name in ("residual_add_pass", "small_m_linear_pass"):
+        with pytest.raises(ConfigError, match=f"CompilationConfig.{name}"):
+            CompilationConfig(**{name: "yes"})
 
 
 class Block(torch.nn.Module):

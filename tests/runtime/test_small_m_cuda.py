@@ -1,5 +1,6 @@
 """The small-M Triton linear on the GPU: the kernel in bf16 at decode shapes against F.linear,
-and the built-in Llama's logits, which take it at up to MAX_M rows."""
+and the built-in Llama's logits, which take it at one row (and up to MAX_M rows for a vocabulary
+of at least DOT_MIN_N)."""
 
 from __future__ import annotations
 
@@ -27,11 +28,40 @@ def test_kernel_bf16_matches_linear(m, n, k):
 
 
 @pytest.mark.parametrize("rows", [1, 3, 8, 9])
-def test_llama_logits_take_the_kernel_up_to_max_m(rows):
+def test_llama_logits_take_the_kernel_where_supported(rows):
     model = build_model(LLAMA, dtype=torch.bfloat16, device="cuda", seed=0)
     hidden = torch.randn(rows, LLAMA.hidden_size, device="cuda", dtype=torch.bfloat16)
     triton_linear._tuned.clear()
     got = model.compute_logits(hidden)
     want = torch.nn.functional.linear(hidden.float(), model.lm_head.weight.float())
     torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
-    assert bool(triton_linear._tuned) == (rows <= triton_linear.MAX_M)  # 9 rows: F.linear
+    wide = LLAMA.vocab_size >= triton_linear.DOT_MIN_N
+    assert bool(triton_linear._tuned) == (rows == 1 or (rows <= triton_linear.MAX_M and wide))  # else F.linear
+
+
+class _Projections(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(256, 512, bias=False)
+        self.down = torch.nn.Linear(512, 256, bias=False)
+
+    def forward(self, x, residual):
+        return self.down(torch.relu(self.up(x))) + residual
+
+
+def test_compiled_projections_call_the_kernel_and_match_eager(tmp_path):
+    import atom_compile as ac
+
+    model = _Projections().to(device="cuda", dtype=torch.bfloat16)
+    cfg = ac.Config(compilation_config=ac.CompilationConfig(level=2, compiler="inductor_standalone",
+                                                            cache_dir=str(tmp_path / "cache")))
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=ac.backend(cfg), fullgraph=True, dynamic=True)
+    triton_linear._tuned.clear()
+    for rows in (2, 1, 16):  # 1: the Triton GEMV; 2 and 16: F.linear inside the same op
+        x = torch.randn(rows, 256, device="cuda", dtype=torch.bfloat16)
+        r = torch.randn(rows, 256, device="cuda", dtype=torch.bfloat16)
+        torch.testing.assert_close(compiled(x, r).float(), model(x, r).float(), atol=3e-2, rtol=3e-2)
+    code = "\n".join(p.read_text() for p in (tmp_path / "cache").rglob("*.py") if "def call(" in p.read_text())
+    assert code.count("torch.ops.atom.small_m_linear") >= 2  # both projections
+    assert {k[1:3] for k in triton_linear._tuned} == {(512, 256), (256, 512)}  # the one-row calls took the kernel

@@ -42,7 +42,10 @@ def test_every_block_shape_matches_linear(tri, m):
 def test_entry_point_and_supported(tri):
     x, w, b, want = _case(4, 33, 64, bias=True)
     torch.testing.assert_close(tri.small_m_linear(x, w, b).float(), want, atol=2e-3, rtol=2e-3)
-    assert tri.supported(x, w, b)
+    assert tri.supported(x[:1], w, b)  # one row: the GEMV
+    assert not tri.supported(x, w, b)  # 4 rows of a narrow layer: cuBLAS was faster
+    wide = torch.zeros(tri.DOT_MIN_N, 64, dtype=x.dtype)
+    assert tri.supported(x, wide, None)  # 4 rows of an LM-head-wide layer: the padded dots
     assert not tri.supported(x.float(), w.float(), None)  # fp32 stays with F.linear
     assert not tri.supported(torch.randn(9, 64).half(), w, None)  # more rows than MAX_M
     assert not tri.supported(x, w.t().contiguous().t(), None)  # a transposed weight

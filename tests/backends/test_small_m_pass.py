@@ -1,0 +1,54 @@
+"""The built-in small-M pass: a CUDA piece's half-precision projections call atom::small_m_linear."""
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from atom_compile.backends.small_m_pass import use_small_m_linear
+from atom_compile.ops.linear import op as small_m_linear_op
+
+aten = torch.ops.aten
+
+
+def _f(x, w, w32, x32, y):
+    projected = aten.mm.default(x, w.t())  # a parameter's projection: rewritten
+    permuted = aten.mm.default(x, aten.permute.default(w, [1, 0]))  # the post-grad spelling: rewritten
+    activations = aten.mm.default(x, y)  # two activations, no weight: kept
+    fp32 = aten.mm.default(x32, w32.t())  # fp32 stays with Inductor's mm: kept
+    return projected, permuted, activations, fp32
+
+
+def _trace(device: str) -> torch.fx.GraphModule:
+    with FakeTensorMode():  # fake CUDA tensors need no GPU
+        args = (torch.empty(3, 8, device=device, dtype=torch.bfloat16),
+                torch.empty(16, 8, device=device, dtype=torch.bfloat16),
+                torch.empty(16, 8, device=device), torch.empty(3, 8, device=device),
+                torch.empty(8, 5, device=device, dtype=torch.bfloat16))
+    return make_fx(_f, tracing_mode="fake")(*args)
+
+
+def _count(gm, target) -> int:
+    return sum(1 for n in gm.graph.nodes if n.op == "call_function" and n.target is target)
+
+
+def test_projections_of_cuda_half_weights_are_rewritten_and_compute_the_same():
+    gm = _trace("cuda")
+    assert _count(gm, aten.mm.default) == 4
+    assert use_small_m_linear(gm.graph) == 2
+    gm.recompile()
+    assert _count(gm, small_m_linear_op()) == 2 and _count(gm, aten.mm.default) == 2
+    call = next(n for n in gm.graph.nodes if n.target is small_m_linear_op())
+    assert tuple(call.meta["val"].shape) == (3, 16) and call.meta["val"].device.type == "cuda"
+    # the rewritten graph is device-agnostic code: on CPU the op is F.linear
+    gen = torch.Generator().manual_seed(0)
+    args = (torch.randn(3, 8, generator=gen).bfloat16(), torch.randn(16, 8, generator=gen).bfloat16(),
+            torch.randn(16, 8, generator=gen), torch.randn(3, 8, generator=gen),
+            torch.randn(8, 5, generator=gen).bfloat16())
+    for got, want in zip(gm(*args), _f(*args)):
+        torch.testing.assert_close(got, want)
+
+
+def test_cpu_pieces_are_left_alone():
+    gm = _trace("cpu")
+    assert use_small_m_linear(gm.graph) == 0
+    assert _count(gm, aten.mm.default) == 4
