@@ -2,11 +2,10 @@
 
 Arms, in one run: eager; torch.compile; torch.compile(mode="reduce-overhead") and
 mode="max-autotune" of the same model; atom-compile level 3 with cudagraph_mode NONE, FULL and
-TR_HYBRID, each also as `-sizes` (compile_sizes = the batches <= 8: per-size pieces, small-M
-Triton linear); and `peer`, a plain-PyTorch decoder of the same dimensions (static KV, SDPA,
+TR_HYBRID, each also as `-sizes` (compile_sizes = the batches <= 8: per-size pieces); and
+`peer`, a plain-PyTorch decoder of the same dimensions (static KV, SDPA,
 benchmarks/_peer_decoder.py) under torch.compile(mode="reduce-overhead"), one compile per batch.
-Batches of 1, 8, 32 and 128 sequences,
-each with a 1k-token context already in the paged KV cache (random keys and values), so every
+Batches of 1, 8, 32 and 128 sequences, each with a 1k-token context already in the paged KV cache (random keys and values), so every
 arm times the same decode step: one token per sequence, logits included.
 
 Also measured in the same run: the device-to-device copy bandwidth (bytes read + written), the
@@ -116,7 +115,7 @@ def run_arm(name: str, batches: list[int], context: int, steps: int, block: int)
         mode = name.split("-")[1].upper()
         cc = {"level": 3, "cudagraph_mode": mode}
         if name.endswith("-sizes"):
-            cc["compile_sizes"] = [b for b in batches if b <= 8]  # where the small-M kernel applies
+            cc["compile_sizes"] = [b for b in batches if b <= 8]  # decode's few-token sizes
         # max_num_seqs 512: the default ladder, [1..8] + range(16, 513, 16), 40 sizes
         max_seqs = max(max_seqs, 512)
         cfg, model, builder, bps = build(cc, max_seqs, context, block)
