@@ -5,8 +5,9 @@ mode="max-autotune" of the same model; atom-compile level 3 with cudagraph_mode 
 TR_HYBRID, each also as `-sizes` (compile_sizes = the batches <= 8: per-size pieces); and
 `peer`, a plain-PyTorch decoder of the same dimensions (static KV, SDPA,
 benchmarks/_peer_decoder.py) under torch.compile(mode="reduce-overhead"), one compile per batch.
-Batches of 1, 8, 32 and 128 sequences, each with a 1k-token context already in the paged KV cache (random keys and values), so every
-arm times the same decode step: one token per sequence, logits included.
+Batches of 1, 8, 32 and 128 sequences, each with a 1k-token context already in the paged KV
+cache (random keys and values), so every arm times the same decode step: one token per
+sequence, logits included.
 
 Also measured in the same run: the device-to-device copy bandwidth (bytes read + written), the
 floor of each batch ((weight bytes + the KV bytes the step reads) / that bandwidth) and each
