@@ -217,6 +217,9 @@ class CompilationConfig:
             factors["inductor_passes"] = pass_factors(self.inductor_passes)
         if self.use_inductor_graph_partition:  # likewise
             factors["use_inductor_graph_partition"] = True
+        for name in ("residual_add_pass", "small_m_linear_pass"):  # keyed when off (on is the default)
+            if not getattr(self, name):
+                factors[name] = False
         return factors
 
     def compute_hash(self) -> str:

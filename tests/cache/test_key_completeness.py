@@ -47,6 +47,8 @@ CONFIG_FIELDS = {
     "compile_ranges": ([[2, 8]], True),
     "inductor_passes": (["tests.cache.test_key_completeness:_noop_pass"], True),
     "use_inductor_graph_partition": (True, True),
+    "residual_add_pass": (False, True),
+    "small_m_linear_pass": (False, True),
 }
 def _noop_pass(graph) -> None:
     """An Inductor post-grad pass that changes nothing: its source still enters the key."""
