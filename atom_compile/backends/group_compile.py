@@ -165,6 +165,7 @@ def compile_with_group(handle: GroupHandle, manager: CompilerManager, pieces: li
     compiled: set[int] = set()
     start = time.perf_counter()
     error: Optional[BaseException] = None
+    manager.commit_on_release = False  # the flush before the barrier commits the shares
     try:
         with fake():
             done: set[str] = set()
@@ -176,6 +177,8 @@ def compile_with_group(handle: GroupHandle, manager: CompilerManager, pieces: li
                     stats.owned += 1
     except Exception as exc:  # strict mode's refusal, a compiler error: the others still get their barrier
         error = exc
+    finally:
+        manager.commit_on_release = True
     stats.share_s = time.perf_counter() - start
     manager.flush()
     deadline = _wait_for_owners(handle, manager, owners, stats)

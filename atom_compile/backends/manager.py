@@ -89,6 +89,8 @@ class CompilerManager:
         self.before_compile: Optional[Callable[[int, Optional[int]], None]] = None
         self.on_commit: Optional[Callable[[], Any]] = None  # called after each index write (publishing)
         self._unannounced = False  # an index write on_commit has not been called for
+        # commit after each piece compiled under its shared lock (off during a group's shares)
+        self.commit_on_release = True
 
     @property
     def can_write(self) -> bool:
@@ -226,9 +228,10 @@ class CompilerManager:
                                           key, ck)
             if owned and entry is not None:
                 self.shared.publish(entry)
-                if entry["handle"].get("device", "cpu") == "cpu":
+                if self.commit_on_release and entry["handle"].get("device", "cpu") == "cpu":
                     # before the lock is released: a peer waiting on it links the C++ libraries
                     # our index lists (SharedPieces.borrow_libraries) instead of building them
+                    # (each commit hashes Inductor's directory, hence off while no one waits)
                     self.flush(announce=False)
         return fn
 
