@@ -103,6 +103,25 @@ def group_compile() -> bool:
     return os.environ.get("ATOM_COMPILE_GROUP_COMPILE", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def group_owners() -> int | None:
+    """ATOM_COMPILE_GROUP_OWNERS: at most this many ranks of a group compile the pieces they
+    share; `auto` (the default) picks the count from the pieces' size, so a few small pieces
+    go to one rank and many or large ones spread over all."""
+    raw = os.environ.get("ATOM_COMPILE_GROUP_OWNERS", "").strip().lower()
+    if raw in ("", "auto"):
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        from .errors import AtomValueError
+
+        raise AtomValueError(f"ATOM_COMPILE_GROUP_OWNERS: got {raw!r}; allowed: 'auto' or a positive "
+                             "number of ranks")
+    return value
+
+
 def cache_root(cache_dir: str = "") -> Path:
     """`cache_dir` if set, else $ATOM_COMPILE_CACHE_ROOT, else $XDG_CACHE_HOME/atom (~/.cache/atom)."""
     if cache_dir:
@@ -170,6 +189,7 @@ class Environment:
     require_cache: bool = False
     peer_timeout: float = 600.0
     group_compile: bool = True
+    group_owners: int | None = None
     remote_cache: str | None = None
     remote_key: str | None = field(default=None, repr=False)
     remote_key_file: str | None = None
@@ -190,6 +210,7 @@ def read(cache_dir: str = "") -> Environment:
         require_cache=require_cache(),
         peer_timeout=peer_timeout(),
         group_compile=group_compile(),
+        group_owners=group_owners(),
         remote_cache=remote_cache(),
         remote_key=remote_key(),
         remote_key_file=remote_key_file(),

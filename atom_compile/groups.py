@@ -69,6 +69,7 @@ class GroupHandle:
     rank: int
     world: int
     timeout: float
+    max_owners: Optional[int] = None  # at most this many ranks compile shared pieces (None: by cost)
 
     def all_gather(self, value: Any) -> list[Any]:
         import torch.distributed as dist
@@ -89,8 +90,10 @@ class GroupHandle:
         return None
 
 
-def compile_group(enabled: bool = True, timeout: float = 600.0) -> Optional[GroupHandle]:
-    """The group the backend agrees over now, or None (no group, one rank, or turned off)."""
+def compile_group(enabled: bool = True, timeout: float = 600.0,
+                  max_owners: Optional[int] = None) -> Optional[GroupHandle]:
+    """The group the backend agrees over now, or None (no group, one rank, or turned off);
+    `max_owners` caps the ranks that compile shared pieces (None: chosen by their cost)."""
     if not enabled or _choice is False or not initialized():
         return None
     import torch.distributed as dist
@@ -103,7 +106,7 @@ def compile_group(enabled: bool = True, timeout: float = 600.0) -> Optional[Grou
         objects = object_group(group, timeout)
         if objects is None:
             return None
-        return GroupHandle(group, objects, dist.get_rank(group), world, timeout)
+        return GroupHandle(group, objects, dist.get_rank(group), world, timeout, max_owners)
     except Exception as exc:  # a half-initialised or destroyed group: the locks still work
         _warn_once("group", "atom-compile: cannot use the process group to agree on compiles (%s); "
                    "the ranks coordinate through the cache directory instead.", exc)

@@ -69,6 +69,7 @@ def breakdown(report: dict) -> dict:
     backend = report["backend"]
     wait = sum(g["barrier_s"] for g in report["group"])
     return {"first_forward_s": round(report["first_forward_s"], 2),
+            "owners": max((g.get("max_owners", 0) for g in report["group"]), default=0),
             "dynamo_s": round(report["first_forward_s"] - backend["wall_s"], 2),
             "compile_s": round(backend["compile_s"], 2), "load_s": round(backend["load_s"], 2),
             "barrier_s": round(wait, 2), "compiles": report["counters"]["num_inductor_compiles"]}
@@ -106,7 +107,8 @@ def main() -> None:
                   f"{row['load_cpu_s']:>11.2f} {row['compiles']:>8}")
             for r, b in enumerate(row["per_rank"]):
                 print(f"      rank {r}: first forward {b['first_forward_s']}s = dynamo {b['dynamo_s']}s + compile "
-                      f"{b['compile_s']}s ({b['compiles']} runs) + load {b['load_s']}s (barrier {b['barrier_s']}s)")
+                      f"{b['compile_s']}s ({b['compiles']} runs) + load {b['load_s']}s (barrier {b['barrier_s']}s)"
+                      + (f"; owners dealt over: {b['owners']}" if b["owners"] else ""))
         print(f"    group/one rank: wall {res['wall_vs_one']}x, compiler CPU {res['compiler_cpu_vs_one']}x; "
               f"shared (locks)/one rank: wall {res['shared_wall_vs_one']}x")
     if args.json:

@@ -70,6 +70,18 @@ def test_peer_timeout_is_read_once_and_checked(monkeypatch):
             envs.read()
 
 
+def test_group_owners_auto_or_a_positive_count(monkeypatch):
+    monkeypatch.delenv("ATOM_COMPILE_GROUP_OWNERS", raising=False)
+    assert envs.read().group_owners is None
+    for raw, value in (("auto", None), (" AUTO ", None), ("1", 1), ("8", 8)):
+        monkeypatch.setenv("ATOM_COMPILE_GROUP_OWNERS", raw)
+        assert envs.read().group_owners == value
+    for bad in ("0", "-2", "two", "1.5"):
+        monkeypatch.setenv("ATOM_COMPILE_GROUP_OWNERS", bad)
+        with pytest.raises(ac.AtomCompileError, match="ATOM_COMPILE_GROUP_OWNERS: got .*allowed: 'auto'"):
+            envs.read()
+
+
 def test_group_compile_switch_and_group_type(monkeypatch):
     from atom_compile import groups
 

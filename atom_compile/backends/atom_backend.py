@@ -247,7 +247,8 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], cc: Compilation
 
     floats.fold_constant_scalars(gm)
     split_gm, items = _split(gm, cc)
-    group = groups.compile_group(environment.group_compile, environment.peer_timeout) \
+    group = groups.compile_group(environment.group_compile, environment.peer_timeout,
+                                 environment.group_owners) \
         if shared is not None else None
     compile_pieces(split_gm, items, manager, cc, example_inputs, prefix, group)
     _write_graphs(cc, prefix, cache, split_gm, items)

@@ -88,6 +88,9 @@ class CompilerManager:
         # called with (graph_index, runtime_shape) before a piece really compiles (strict mode raises)
         self.before_compile: Optional[Callable[[int, Optional[int]], None]] = None
         self.on_commit: Optional[Callable[[], Any]] = None  # called after each index write (publishing)
+        self._unannounced = False  # an index write on_commit has not been called for
+        # commit after each piece compiled under its shared lock (off during a group's shares)
+        self.commit_on_release = True
 
     @property
     def can_write(self) -> bool:
@@ -225,6 +228,11 @@ class CompilerManager:
                                           key, ck)
             if owned and entry is not None:
                 self.shared.publish(entry)
+                if self.commit_on_release and entry["handle"].get("device", "cpu") == "cpu":
+                    # before the lock is released: a peer waiting on it links the C++ libraries
+                    # our index lists (SharedPieces.borrow_libraries) instead of building them
+                    # (each commit hashes Inductor's directory, hence off while no one waits)
+                    self.flush(announce=False)
         return fn
 
     def content_key_of(self, graph: fx.GraphModule, example_inputs: list[Any],
@@ -391,15 +399,18 @@ class CompilerManager:
     def has_concrete(self, graph_index: int, runtime_shape: int) -> bool:
         return (runtime_shape, graph_index, self.compiler.name) in self.entries
 
-    def flush(self, dynamo_function: Optional[dict] = None) -> None:
-        """Write what this manager added (or dropped) to the index, merged under the lock."""
+    def flush(self, dynamo_function: Optional[dict] = None, announce: bool = True) -> None:
+        """Write what this manager added (or dropped) to the index, merged under the lock;
+        `announce=False` leaves `on_commit` (publishing the cache) to the next flush."""
         if self.cache is None:
             return
         if self._pending or self._remove or dynamo_function is not None or self.cache._repair or self._scratch_used:
             if self.cache.commit(self._pending, self._remove, dynamo_function, scratch_used=self._scratch_used):
                 if dynamo_function is not None:
                     self.dynamo_function = dynamo_function
-                if self.on_commit is not None:
-                    self.on_commit()
+                self._unannounced = True
             self._pending, self._remove = [], []
             self._scratch_used = False
+        if announce and self._unannounced and self.on_commit is not None:
+            self._unannounced = False
+            self.on_commit()

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from atom_compile.backends.group_compile import LOCK_GRACE_S, assign_owners
+from atom_compile.backends.group_compile import COST_PER_OWNER, LOCK_GRACE_S, assign_owners, owner_count
 
 from .helpers import JOB, cli, env, finish, start_group, total
 
@@ -31,30 +31,63 @@ def test_owners_are_spread_and_rank_specific_keys_stay_home():
     assert assign_owners([[], []]) == {}
 
 
-def _torchrun(tmp_path, name: str, cache_root, *extra: str) -> list[dict]:
+def test_few_owners_take_the_shared_keys():
+    every = [list("abcd")] * 4
+    assert assign_owners(every, max_owners=1) == dict.fromkeys("abcd", 0)
+    assert assign_owners(every, max_owners=2) == {"a": 0, "b": 1, "c": 0, "d": 1}
+    assert assign_owners(every, max_owners=9) == assign_owners(every) == {"a": 0, "b": 1, "c": 2, "d": 3}
+    # rank 2 compiles its own "x" anyway (it pays the set-up): the shared keys go there too
+    assert assign_owners([["a", "b"], ["a", "b"], ["a", "b", "x"]], max_owners=1) == {"a": 2, "b": 2, "x": 2}
+    # two rank-specific owners and a limit of 1: both stay owners, the shared key balances
+    assert assign_owners([["a", "x"], ["a", "y"], ["a"]], max_owners=1) == {"a": 0, "x": 0, "y": 1}
+    # no allowed rank (rank 0) lacks "c" and "d": one more owner takes both, not two more
+    assert assign_owners([["a", "b"], ["a", "b"], ["c", "d"], ["c", "d"]], max_owners=1) \
+        == {"a": 0, "b": 0, "c": 2, "d": 2}
+
+
+def test_owners_balance_the_cost_costliest_first():
+    assert assign_owners([list("abc")] * 2, costs={"a": 1, "b": 5, "c": 4}) == {"b": 0, "c": 1, "a": 1}
+    assert assign_owners([list("abcd")] * 2, costs={"a": 9, "b": 1, "c": 1, "d": 1}) \
+        == {"a": 0, "b": 1, "c": 1, "d": 1}
+    # a key's missing cost counts 1
+    assert assign_owners([list("abc")] * 2, costs={"a": 3}) == {"a": 0, "b": 1, "c": 1}
+
+
+def test_owner_count_follows_the_work_unless_set():
+    assert owner_count(59 + 72 + 31, 2) == 1  # the tiny Llama's three pieces: one owner
+    assert owner_count(0, 4) == 1
+    assert owner_count(3 * COST_PER_OWNER, 4) == 3 and owner_count(3 * COST_PER_OWNER - 1, 4) == 2
+    assert owner_count(100 * COST_PER_OWNER, 4) == 4
+    assert owner_count(10**6, 4, limit=1) == 1 and owner_count(1, 4, limit=2) == 2 and owner_count(1, 4, limit=9) == 4
+    assert owner_count(1000, 8, cost_per_owner=100) == 8 and owner_count(1000, 8, cost_per_owner=300) == 3
+
+
+def _torchrun(tmp_path, name: str, cache_root, *extra: str, owners: str = "auto") -> list[dict]:
     out = tmp_path / f"{name}-{{rank}}.json"
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(JOB),
          "--cache-root", str(cache_root), "--out", str(out), "--layers", "1", *extra],
-        capture_output=True, text=True, env=env(OMP_NUM_THREADS="1"), timeout=300)
+        capture_output=True, text=True, env=env(OMP_NUM_THREADS="1", ATOM_COMPILE_GROUP_OWNERS=owners), timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     import json
 
     return [json.loads((tmp_path / f"{name}-{r}.json").read_text()) for r in range(2)]
 
 
-def test_torchrun_group_compiles_each_piece_once_spread_over_ranks(tmp_path):
+def test_torchrun_group_compiles_each_piece_once_on_one_owner(tmp_path):
+    """Two small pieces (ATOM_COMPILE_GROUP_OWNERS=auto): one rank compiles both, rather
+    than two processes each paying Inductor's set-up; the other loads them."""
     root = tmp_path / "cache"
     cold = _torchrun(tmp_path, "cold", root)
     assert all(r["max_abs_err"] < TOL for r in cold), [r["max_abs_err"] for r in cold]
     unique = cold[0]["counters"]["num_piecewise_capturable_graphs_seen"]
     assert unique == 2  # embed+layer0 | layer0+norm
     assert total(cold, "num_inductor_compiles") == unique
-    # the owners are different ranks: each compiled its share, and loaded the other's
     [g0], [g1] = cold[0]["group"], cold[1]["group"]
-    assert (g0["owned"], g1["owned"]) == (1, 1) and g0["owners"] == g1["owners"] == {"0": 1, "1": 1}
-    assert [r["counters"]["num_inductor_compiles"] for r in cold] == [1, 1]
-    assert [r["counters"]["num_peer_pieces_loaded"] for r in cold] == [1, 1]
+    assert 0 < g0["cost"] == g1["cost"] < COST_PER_OWNER and g0["max_owners"] == g1["max_owners"] == 1
+    assert (g0["owned"], g1["owned"]) == (2, 0) and g0["owners"] == g1["owners"] == {"0": 2}
+    assert [r["counters"]["num_inductor_compiles"] for r in cold] == [2, 0]
+    assert [r["counters"]["num_peer_pieces_loaded"] for r in cold] == [0, 2]
     assert g0["peer_problem"] is None and total(cold, "num_cache_errors") == 0
     # the loader linked the owner's compiled C++ libraries instead of building them again
     libs = [{p.name: p.stat().st_ino for p in root.glob(f"torch_compile_cache/*/rank_{r}/*/inductor/**/*.so")}
@@ -68,11 +101,12 @@ def test_torchrun_group_compiles_each_piece_once_spread_over_ranks(tmp_path):
 
 def test_compile_sizes_and_ranges_join_the_agreement(tmp_path):
     """Every compile of a piece (general shape, a compile range, a compile size) is one unit
-    of the exchange: 2 pieces x 3 shapes = 6 compiles, 3 per rank, none at run time (the size
-    compiled ahead serves the call of 8 tokens, the range [1, 4) the call of 2)."""
+    of the exchange: 2 pieces x 3 shapes = 6 compiles, 3 per rank (two owners asked for by
+    ATOM_COMPILE_GROUP_OWNERS), none at run time (the size compiled ahead serves the call of
+    8 tokens, the range [1, 4) the call of 2)."""
     root = tmp_path / "cache"
     shapes = ("--compile-sizes", "8", "--ranges", "1-4")
-    cold = _torchrun(tmp_path, "cold", root, *shapes)
+    cold = _torchrun(tmp_path, "cold", root, *shapes, owners="2")
     assert all(r["max_abs_err"] < TOL for r in cold), [r["max_abs_err"] for r in cold]
     [g0], [g1] = cold[0]["group"], cold[1]["group"]
     assert g0["pieces"] == g1["pieces"] == 6 and g0["unique_missing"] == 6
@@ -116,7 +150,7 @@ def test_rank_killed_in_its_share_the_other_finishes(tmp_path, stall):
     procs = start_group(tmp_path, root, "k", 2, "--replicated", "--layers", "1",
                         "--die-in-compile", str(tmp_path / "dying"), "--die-rank", "1",
                         *(["--stall"] if stall else []),
-                        extra_env={"ATOM_COMPILE_PEER_TIMEOUT": str(int(timeout))})
+                        extra_env={"ATOM_COMPILE_PEER_TIMEOUT": str(int(timeout)), "ATOM_COMPILE_GROUP_OWNERS": "2"})
     try:
         [report] = finish(tmp_path, procs[:1], ["k-0"], timeout=180)
     finally:

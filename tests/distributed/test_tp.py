@@ -42,6 +42,22 @@ def test_two_groups_compile_each_piece_once_then_nothing(tmp_path):
     _archive_round_trip(tmp_path, root, unique)
 
 
+def test_locks_only_loader_links_the_owners_libraries(tmp_path):
+    """No agreement (ATOM_COMPILE_GROUP_COMPILE=0): the ranks meet at each piece's lock; the
+    owner commits its index before it lets go, so the loader links the owner's C++ libraries
+    rather than running the C++ compiler again."""
+    root = tmp_path / "cache"
+    procs = start_group(tmp_path, root, "l", 2, "--layers", "1", extra_env={"ATOM_COMPILE_GROUP_COMPILE": "0"})
+    reports = finish(tmp_path, procs, ["l-0", "l-1"])
+    assert all(r["max_abs_err"] < TOL for r in reports), [r["max_abs_err"] for r in reports]
+    assert all(r["group"] == [] for r in reports)  # no agreement ran
+    assert total(reports, "num_inductor_compiles") == 2 and total(reports, "num_peer_pieces_loaded") == 2
+    libs = [{p.name: p.stat().st_ino for p in root.glob(f"torch_compile_cache/*/rank_{r}/*/inductor/**/*.so")}
+            for r in range(2)]
+    assert libs[0] and libs[0] == libs[1], libs
+    assert total(reports, "num_cache_errors") == 0
+
+
 def _cli(*args: str) -> str:
     proc = subprocess.run([sys.executable, "-m", "atom_compile.cli", *args], capture_output=True, text=True,
                           env=env(), timeout=120)
