@@ -15,7 +15,7 @@ summed CPU seconds in loads (a CPU piece whose C++ library is missing builds it 
 summed number of compiler runs, and for each rank where its first forward went: Dynamo tracing
 (first forward minus the backend), the compiler, loads, and waiting at the group's barrier.
 
-    python benchmarks/tp_compile.py --nproc 2,4 [--json out.json]
+    python benchmarks/tp_compile.py --nproc 2,4 [--arms one_rank,alone,shared,group] [--json out.json]
 
 It ends with the issue's goals and the measured ratios (wall group/one rank at the largest N,
 compiler CPU group/one rank at each N).
@@ -75,21 +75,49 @@ def breakdown(report: dict) -> dict:
             "barrier_s": round(wait, 2), "compiles": report["counters"]["num_inductor_compiles"]}
 
 
-def measure(world: int) -> dict:
+ARMS = ("one_rank", "alone", "shared", "group")
+
+
+def _roots(arm: str, world: int, work: str) -> tuple[int, list[str], bool]:
+    """(ranks, cache root per rank, group agreement on) of one arm."""
+    if arm == "one_rank":
+        return 1, [os.path.join(work, "one")], True
+    if arm == "alone":
+        return world, [os.path.join(work, f"alone{r}") for r in range(world)], False
+    return world, [os.path.join(work, arm)] * world, arm == "group"
+
+
+def measure(world: int, arms: tuple[str, ...] = ARMS) -> dict:
+    """The chosen arms at one group size, each printed as soon as it has run (a run cut short
+    by a time limit still reports the arms it finished)."""
+    res: dict = {"nproc": world}
     with tempfile.TemporaryDirectory(prefix="atom-tp-bench-") as work:
-        one = run_group(1, [os.path.join(work, "one")], work)
-        alone = run_group(world, [os.path.join(work, f"alone{r}") for r in range(world)], work, group_compile=False)
-        shared = run_group(world, [os.path.join(work, "shared")] * world, work, group_compile=False)
-        group = run_group(world, [os.path.join(work, "group")] * world, work)
-    return {"nproc": world, "one_rank": one, "alone": alone, "shared": shared, "group": group,
-            "wall_vs_one": round(group["wall_s"] / one["wall_s"], 2),
-            "compiler_cpu_vs_one": round(group["compiler_cpu_s"] / max(one["compiler_cpu_s"], 1e-9), 2),
-            "shared_wall_vs_one": round(shared["wall_s"] / one["wall_s"], 2)}
+        for arm in arms:
+            ranks, roots, agree = _roots(arm, world, work)
+            res[arm] = run_group(ranks, roots, work, group_compile=agree)
+            print_arm(world, arm, res[arm])
+    one = res.get("one_rank")
+    for arm, name in (("group", "wall_vs_one"), ("shared", "shared_wall_vs_one")):
+        if one and arm in res:
+            res[name] = round(res[arm]["wall_s"] / one["wall_s"], 2)
+    if one and "group" in res:
+        res["compiler_cpu_vs_one"] = round(res["group"]["compiler_cpu_s"] / max(one["compiler_cpu_s"], 1e-9), 2)
+    return res
+
+
+def print_arm(world: int, arm: str, row: dict) -> None:
+    print(f"{world:>2}  {arm:<9} wall {row['wall_s']:>7.2f} s, compiler CPU {row['compiler_cpu_s']:.2f} s, "
+          f"load CPU {row['load_cpu_s']:.2f} s, {row['compiles']} compiles", flush=True)
+    for r, b in enumerate(row["per_rank"]):
+        print(f"      rank {r}: first forward {b['first_forward_s']}s = dynamo {b['dynamo_s']}s + compile "
+              f"{b['compile_s']}s ({b['compiles']} runs) + load {b['load_s']}s (barrier {b['barrier_s']}s)"
+              + (f"; owners dealt over: {b['owners']}" if b["owners"] else ""), flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nproc", default="2,4", help="group sizes, comma-separated")
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"which of {', '.join(ARMS)} to run, comma-separated")
     ap.add_argument("--json", help="write the results here too")
     args = ap.parse_args()
     try:
@@ -98,22 +126,20 @@ def main() -> None:
         raise SystemExit(f"--nproc: got {args.nproc!r}; allowed: comma-separated positive integers") from None
     if not sizes or min(sizes) < 1:
         raise SystemExit(f"--nproc: got {args.nproc!r}; allowed: comma-separated positive integers")
-    results = [measure(n) for n in sizes]
-    print(f"{'N':>2}  {'arm':<9} {'wall s':>7} {'compiler CPU s':>15} {'load CPU s':>11} {'compiles':>8}")
+    arms = tuple(a for a in args.arms.split(",") if a)
+    if not arms or any(a not in ARMS for a in arms):
+        raise SystemExit(f"--arms: got {args.arms!r}; allowed: comma-separated names from {', '.join(ARMS)}")
+    print(f"{'N':>2}  arm")
+    results = [measure(n, arms) for n in sizes]
     for res in results:
-        for arm in ("one_rank", "alone", "shared", "group"):
-            row = res[arm]
-            print(f"{res['nproc']:>2}  {arm:<9} {row['wall_s']:>7.2f} {row['compiler_cpu_s']:>15.2f} "
-                  f"{row['load_cpu_s']:>11.2f} {row['compiles']:>8}")
-            for r, b in enumerate(row["per_rank"]):
-                print(f"      rank {r}: first forward {b['first_forward_s']}s = dynamo {b['dynamo_s']}s + compile "
-                      f"{b['compile_s']}s ({b['compiles']} runs) + load {b['load_s']}s (barrier {b['barrier_s']}s)"
-                      + (f"; owners dealt over: {b['owners']}" if b["owners"] else ""))
-        print(f"    group/one rank: wall {res['wall_vs_one']}x, compiler CPU {res['compiler_cpu_vs_one']}x; "
-              f"shared (locks)/one rank: wall {res['shared_wall_vs_one']}x")
+        if "wall_vs_one" in res:
+            print(f"    N={res['nproc']} group/one rank: wall {res['wall_vs_one']}x, compiler CPU "
+                  f"{res['compiler_cpu_vs_one']}x" + (f"; shared (locks)/one rank: wall {res['shared_wall_vs_one']}x"
+                                                      if "shared_wall_vs_one" in res else ""))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
-    print_goals(results)
+    if all("wall_vs_one" in res for res in results):
+        print_goals(results)
 
 
 def print_goals(results: list[dict]) -> None:
