@@ -39,7 +39,10 @@ JOB = REPO / "tests" / "distributed" / "_tp_job.py"
 def run_group(world: int, roots: list[str], work: str, group_compile: bool = True) -> dict:
     """Start `world` ranks (rank r uses roots[r]); wait; wall time and summed counters."""
     init = f"file://{work}/init-{time.monotonic_ns()}"
+    # OMP_NUM_THREADS=1 unless set, as torchrun sets it for several processes per node: without
+    # it every rank starts one OpenMP thread per core and N ranks oversubscribe the machine
     env = dict(os.environ, PYTHONPATH=str(REPO), TORCHINDUCTOR_CACHE_DIR=os.path.join(work, "inductor"),
+               OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                TORCHINDUCTOR_COMPILE_THREADS="1", ATOM_COMPILE_GROUP_COMPILE="1" if group_compile else "0")
     start = time.perf_counter()
     procs = []
