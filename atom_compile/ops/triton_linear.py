@@ -22,7 +22,7 @@ try:
 except ImportError:  # an older layout: no config is skipped for its size
     OutOfResources = ()  # type: ignore[assignment,misc]
 
-from .triton_launch import FastLaunch, cdiv
+from .triton_launch import FastLaunch, cdiv, next_power_of_2
 
 logger = logging.getLogger("atom_compile")
 
@@ -107,8 +107,9 @@ def gemv_config(k: int) -> tuple[int, int, int]:
     2048 (half of it above) per step, so every program's loads are in flight at once. On an
     H200 (benchmarks/small_m_linear.py --sweep, weights past L2) it was the fastest or within
     3% of it for every Llama-3.2-1B projection and the LM head, 1.2-1.35x cuBLAS where the
-    weight is 8-34 MB."""
-    return (2, 2048, 2) if k <= 2048 else (2, 4096, 4)
+    weight is 8-34 MB. A short K takes a step no longer than itself."""
+    block_n, block_k, warps = (2, 2048, 2) if k <= 2048 else (2, 4096, 4)
+    return block_n, min(block_k, max(16, next_power_of_2(k))), warps
 
 
 def _tune(x, weight, bias, out) -> tuple[int, int, int]:

@@ -43,6 +43,10 @@ def test_entry_point_and_supported(tri):
     x, w, b, want = _case(4, 33, 64, bias=True)
     torch.testing.assert_close(tri.small_m_linear(x, w, b).float(), want, atol=2e-3, rtol=2e-3)
     assert tri.supported(x[:1], w, b)  # one row: the GEMV
+    for k in (64, 130, 3000):  # the untuned one-row shape: a step no longer than K, or a K loop
+        x1, w1, b1, want1 = _case(1, 33, k, bias=True, seed=k)
+        assert tri.gemv_config(k)[1] <= max(16, 1 << (k - 1).bit_length())
+        torch.testing.assert_close(tri.small_m_linear(x1, w1, b1).float(), want1, atol=1e-2, rtol=1e-2)
     assert not tri.supported(x, w, b)  # 4 rows of a narrow layer: cuBLAS was faster
     wide = torch.zeros(tri.DOT_MIN_N, 64, dtype=x.dtype)
     assert tri.supported(x, wide, None)  # 4 rows of an LM-head-wide layer: the padded dots
