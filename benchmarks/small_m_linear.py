@@ -67,8 +67,11 @@ def sweep(triton_linear, x, copies, per: float, cublas: float) -> None:
     out = torch.empty(x.shape[0], copies[0].shape[0], device="cuda", dtype=x.dtype)
     timings = {}
     for config in (c for c in triton_linear.CONFIGS if triton_linear._fits(c, block_m)):
-        timings[config] = triton.testing.do_bench_cudagraph(
-            lambda: [triton_linear._launch(x, c, None, out, config) for c in copies], rep=50) * per
+        try:
+            timings[config] = triton.testing.do_bench_cudagraph(
+                lambda: [triton_linear._launch(x, c, None, out, config) for c in copies], rep=50) * per
+        except triton_linear.OutOfResources:  # a tile this GPU's shared memory cannot hold
+            print(f"    sweep: {config} does not fit this GPU's shared memory", flush=True)
     top = sorted(timings.items(), key=lambda t: t[1])[:5]
     print("    sweep: " + ", ".join(f"{c} {us:.1f} ({cublas / us:.2f}x)" for c, us in top), flush=True)
 
