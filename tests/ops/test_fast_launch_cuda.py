@@ -9,6 +9,8 @@ import torch
 
 from atom_compile.ops import attention as ref
 
+from .attention_reference import reference as _reference
+
 pytestmark = pytest.mark.cuda
 tri = pytest.importorskip("atom_compile.ops.triton_attention")
 
@@ -32,10 +34,7 @@ def _case(seed: int, lengths=(5, 130, 1025), heads=32, kv_heads=8, dim=64, block
 
 def _both(q, k, v, cache, meta):
     scale = q.shape[-1] ** -0.5
-    want = torch.zeros_like(q)
-    cache_ref = cache.clone()
-    ref.write_kv(k, v, cache_ref, meta.slot_mapping)
-    ref._torch_paged_attention(q, cache_ref[0], cache_ref[1], want, meta, scale)
+    want, cache_ref = _reference(q, k, v, cache, meta, scale)
     got = torch.full_like(q, float("nan"))
     cache_tri = cache.clone()
     tri.triton_write_kv(k, v, cache_tri, meta.slot_mapping)
@@ -82,14 +81,6 @@ def test_direct_launch_records_in_a_cuda_graph():
     ref._torch_paged_attention(q, cache[0], cache[1], want, meta, scale)
     torch.cuda.synchronize()
     torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2)
-
-
-def _reference(q, k, v, cache, meta, scale):
-    want = torch.zeros_like(q)
-    cache_ref = cache.clone()
-    ref.write_kv(k, v, cache_ref, meta.slot_mapping)
-    ref._torch_paged_attention(q, cache_ref[0], cache_ref[1], want, meta, scale)
-    return want, cache_ref
 
 
 def test_a_bound_region_replays_new_data_and_falls_back_when_the_cache_moves(monkeypatch):

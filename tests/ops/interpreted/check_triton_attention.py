@@ -13,6 +13,8 @@ triton = pytest.importorskip("triton")
 
 from atom_compile.ops import attention as ref  # noqa: E402
 
+from ..attention_reference import reference as _reference  # noqa: E402
+
 
 @pytest.fixture(scope="module")
 def tri():
@@ -42,15 +44,6 @@ def _case(lengths, q_len, heads, kv_heads, dim, dtype, block_size=16, pad_seqs=0
     return q, k, v, cache, meta
 
 
-def _reference(q, k, v, cache, meta, scale):
-    """(output, cache) of the pure-torch reference: write the step's keys and values, attend."""
-    want = torch.zeros_like(q)
-    cache_ref = cache.clone()
-    ref.write_kv(k, v, cache_ref, meta.slot_mapping)
-    ref._torch_paged_attention(q, cache_ref[0], cache_ref[1], want, meta, scale)
-    return want, cache_ref
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2), (8, 2)])
 @pytest.mark.parametrize("lengths,q_len,pad", [([1], 1, 0), ([17, 16, 5], 1, 1), ([300], 1, 0),
@@ -73,10 +66,7 @@ def test_matches_reference(tri, dtype, heads, kv_heads, lengths, q_len, pad):
 
 def _attend(tri, q, k, v, cache, meta, scale):
     """The reference and the Triton op on copies of `cache`: (want, got) for the real rows."""
-    want = torch.zeros_like(q)
-    cache_ref = cache.clone()
-    ref.write_kv(k, v, cache_ref, meta.slot_mapping)
-    ref._torch_paged_attention(q, cache_ref[0], cache_ref[1], want, meta, scale)
+    want, _ = _reference(q, k, v, cache, meta, scale)
     got = torch.full_like(q, float("nan"))
     tri.triton_write_kv(k, v, cache, meta.slot_mapping)
     tri.triton_paged_attention(q, cache[0], cache[1], got, meta, scale)
