@@ -15,8 +15,9 @@ script on an older tree measures what the one-launch kernel replaced.
     python benchmarks/attention_kernel.py [--batch 1,8,32] [--context 1024] [--iters 200] [--sweep]
 
 --sweep also times the whole decode op in the graph for each tuning of the kernel (span
-programs per multiprocessor, keys per loop step, warps: the constants at the top of
-ops/triton_attention.py) and prints the best per batch against the tree's defaults.
+programs per multiprocessor, keys per loop step, warps: `triton_attention.Tuning`, forced
+through `triton_attention.FORCED`) and prints one row per tuning, the fastest of each batch
+starred and the one the tree's rule (`tuning_for`) picks marked.
 """
 
 from __future__ import annotations
