@@ -15,7 +15,7 @@ summed CPU seconds in loads (a CPU piece whose C++ library is missing builds it 
 summed number of compiler runs, and for each rank where its first forward went: Dynamo tracing
 (first forward minus the backend), the compiler, loads, and waiting at the group's barrier.
 
-    python benchmarks/tp_compile.py --nproc 2,4 [--arms one_rank,alone,shared,group] [--json out.json]
+    python benchmarks/tp_compile.py --nproc 2,4 [--arms one_rank,alone,shared,group] [--json out.json] [--keep DIR]
 
 It ends with the issue's goals and the measured ratios (wall group/one rank at the largest N,
 compiler CPU group/one rank at each N).
@@ -24,6 +24,7 @@ compiler CPU group/one rank at each N).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -31,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
 JOB = REPO / "tests" / "distributed" / "_tp_job.py"
@@ -90,11 +92,14 @@ def _roots(arm: str, world: int, work: str) -> tuple[int, list[str], bool]:
     return world, [os.path.join(work, arm)] * world, arm == "group"
 
 
-def measure(world: int, arms: tuple[str, ...] = ARMS) -> dict:
+def measure(world: int, arms: tuple[str, ...] = ARMS, keep: Optional[str] = None) -> dict:
     """The chosen arms at one group size, each printed as soon as it has run (a run cut short
-    by a time limit still reports the arms it finished)."""
+    by a time limit still reports the arms it finished); `keep`: leave the caches there."""
     res: dict = {"nproc": world}
-    with tempfile.TemporaryDirectory(prefix="atom-tp-bench-") as work:
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+    with (contextlib.nullcontext(tempfile.mkdtemp(prefix=f"n{world}-", dir=keep)) if keep
+          else tempfile.TemporaryDirectory(prefix="atom-tp-bench-")) as work:
         for arm in arms:
             ranks, roots, agree = _roots(arm, world, work)
             res[arm] = run_group(ranks, roots, work, group_compile=agree)
@@ -122,6 +127,7 @@ def main() -> None:
     ap.add_argument("--nproc", default="2,4", help="group sizes, comma-separated")
     ap.add_argument("--arms", default=",".join(ARMS), help=f"which of {', '.join(ARMS)} to run, comma-separated")
     ap.add_argument("--json", help="write the results here too")
+    ap.add_argument("--keep", help="leave each run's caches under this directory (to inspect them)")
     args = ap.parse_args()
     try:
         sizes = [int(n) for n in args.nproc.split(",") if n]
@@ -133,7 +139,7 @@ def main() -> None:
     if not arms or any(a not in ARMS for a in arms):
         raise SystemExit(f"--arms: got {args.arms!r}; allowed: comma-separated names from {', '.join(ARMS)}")
     print(f"{'N':>2}  arm")
-    results = [measure(n, arms) for n in sizes]
+    results = [measure(n, arms, args.keep) for n in sizes]
     for res in results:
         if "wall_vs_one" in res:
             print(f"    N={res['nproc']} group/one rank: wall {res['wall_vs_one']}x, compiler CPU "

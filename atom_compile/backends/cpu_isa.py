@@ -11,14 +11,17 @@ programs (`answer.json`, under a lock), keyed by what decides it: torch, the C++
 its version, the CPU's flags and Inductor's candidates. A later process that asks the same
 question, where the answer says every allowed candidate passed, skips the probe: Inductor's
 `cpp.vec_isa_ok` is set within its compiles and loads, which gives exactly the list the probe
-gave (Inductor's sub-probes that decide code details, avx512's bf16 and AMX tiles, still run:
-they ignore that setting). Any other answer (a candidate failed, another compiler, a non-x86
-CPU): the probe runs.
+gave. Inductor's sub-probes that decide code details (avx512's bf16 and VNNI, AMX tiles) ignore
+that setting: their results are recorded too (`builds`) and replayed, so a later process starts
+no child Python at all. Each child imports torch: on a 16-core GPU host about 10 s apiece, and
+ranks that probed one after another under the lock lost 20 s each. Any other answer (a
+candidate failed, another compiler, a non-x86 CPU): the probe runs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -50,17 +53,57 @@ def prime(directory: Optional[str], record: bool, files_in: Any) -> None:
         return
     from ..cache.trust import FILE_MODE
 
-    lock = filelock.FileLock(os.path.join(directory, "answer.lock"), timeout=600, mode=FILE_MODE)
-    with lock:  # a second rank waits for the first one's probe, then reads its answer
-        if _read(directory) == {"question": question, "valid": question["allowed"]}:
-            _state["answered"] = True
-            with files_in(directory), patches():
-                cpu_vec_isa.pick_vec_isa()
-            return
-        with files_in(directory):
-            cpu_vec_isa.pick_vec_isa()
-        valid = [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()]
-        _write(directory, {"question": question, "valid": valid})
+    builds = _taken(_read(directory), question)
+    if builds is None:
+        lock = filelock.FileLock(os.path.join(directory, "answer.lock"), timeout=600, mode=FILE_MODE)
+        with lock:  # a second rank waits for the first one's probe, then reads its answer
+            builds = _taken(_read(directory), question)
+            if builds is None:
+                builds = {}
+                with files_in(directory), _builds(cpu_vec_isa, builds, record=True):
+                    cpu_vec_isa.pick_vec_isa()
+                valid = [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()]
+                _write(directory, {"question": question, "valid": valid, "builds": builds})
+                return
+    _state["answered"] = True  # outside the lock: replaying the answer starts no process
+    with files_in(directory), patches(), _builds(cpu_vec_isa, builds, record=False):
+        cpu_vec_isa.pick_vec_isa()
+
+
+def _taken(answer: Optional[dict], question: dict) -> Optional[dict[str, bool]]:
+    """The recorded sub-probe results if `answer` answers `question` with every allowed
+    candidate passing, else None (the probe must run)."""
+    if not isinstance(answer, dict) or answer.get("question") != question or answer.get("valid") != question["allowed"]:
+        return None
+    builds = answer.get("builds", {})
+    ok = isinstance(builds, dict) and all(isinstance(v, bool) for v in builds.values())
+    return builds if ok else {}
+
+
+@contextlib.contextmanager
+def _builds(cpu_vec_isa: Any, builds: dict[str, bool], record: bool) -> Iterator[None]:
+    """Inductor's `VecISA.check_build` (a test build loaded in a child Python) recording its
+    results into `builds`, or answering from them (a build never recorded still runs)."""
+    cls = getattr(cpu_vec_isa, "VecISA", None)
+    real = getattr(cls, "check_build", None)
+    if real is None:  # another layout of Inductor's probe: nothing recorded or replayed
+        yield
+        return
+
+    def check_build(isa: Any, code: str) -> bool:
+        name = f"{type(isa).__name__} {isa.build_arch_flags()} {hashlib.sha256(code.encode()).hexdigest()[:16]}"
+        if not record and name in builds:
+            return builds[name]
+        result = bool(real(isa, code))
+        if record:
+            builds[name] = result
+        return result
+
+    cls.check_build = check_build
+    try:
+        yield
+    finally:
+        cls.check_build = real
 
 
 def answered() -> bool:

@@ -219,6 +219,12 @@ class CompilerManager:
                 self._record(same, graph_index, runtime_shape, shape_locator)
                 return fn
 
+        if self.shared is not None:
+            # a published piece loads without its lock: N loaders of one piece would otherwise
+            # take turns, each waiting out the others' loads
+            fn = self._from_peer(ck, graph, example_inputs, graph_index, runtime_shape, shape_locator)
+            if fn is not None:
+                return fn
         with self._claim(ck) as owned:
             if owned:
                 fn = self._from_peer(ck, graph, example_inputs, graph_index, runtime_shape, shape_locator)
@@ -227,12 +233,13 @@ class CompilerManager:
             fn, entry = self._compile_new(graph, example_inputs, graph_index, runtime_shape, shape_locator,
                                           key, ck)
             if owned and entry is not None:
-                self.shared.publish(entry)
                 if self.commit_on_release and entry["handle"].get("device", "cpu") == "cpu":
-                    # before the lock is released: a peer waiting on it links the C++ libraries
-                    # our index lists (SharedPieces.borrow_libraries) instead of building them
-                    # (each commit hashes Inductor's directory, hence off while no one waits)
+                    # committed before the record is published: whoever sees the record links the
+                    # C++ libraries our index lists (SharedPieces.borrow_libraries) instead of
+                    # building them (each commit hashes Inductor's directory, hence off while no
+                    # one waits)
                     self.flush(announce=False)
+                self.shared.publish(entry)
         return fn
 
     def content_key_of(self, graph: fx.GraphModule, example_inputs: list[Any],

@@ -30,8 +30,9 @@ cpu_vec_isa.VecISA._probe_load = counting
 from atom_compile.backends import cpu_isa, inductor
 inductor.prime_cpu_isa(sys.argv[1], None)
 with cpu_isa.patches():
-    isa = str(cpu_vec_isa.pick_vec_isa())
-print(json.dumps({"probes": calls[0], "isa": isa, "answered": cpu_isa.answered()}))
+    picked = cpu_vec_isa.pick_vec_isa()
+    isa, flags = str(picked), picked.build_arch_flags()
+print(json.dumps({"probes": calls[0], "isa": isa, "flags": flags, "answered": cpu_isa.answered()}))
 """
 
 
@@ -53,10 +54,11 @@ def test_second_process_takes_the_recorded_answer(tmp_path):
         pytest.skip(f"a candidate ISA failed its probe here ({answer}): the probe must run every time")
 
     second = _prime(probe_dir)
-    # the base probe of every candidate is skipped; Inductor's own sub-probes (avx512's bf16,
-    # AMX tiles) decide code details and still run
-    assert second["answered"] and second["isa"] == first["isa"]
-    assert second["probes"] < first["probes"], (first, second)
+    # the base probe of every candidate is skipped, and Inductor's own sub-probes (avx512's bf16,
+    # AMX tiles) are answered from the record: no child process at all, the same ISA and flags
+    assert second["answered"] and second["isa"] == first["isa"] and second["flags"] == first["flags"]
+    assert second["probes"] == 0, (first, second)
+    assert all(isinstance(v, bool) for v in answer["builds"].values())
 
     # an answer in which a candidate failed (or made for another compiler) is not taken
     answer["valid"] = answer["valid"][1:]

@@ -58,6 +58,35 @@ def test_locks_only_loader_links_the_owners_libraries(tmp_path):
     assert total(reports, "num_cache_errors") == 0
 
 
+def test_published_pieces_load_while_their_locks_are_held(tmp_path):
+    """A rank that finds a piece published loads it without the piece's lock: loaders do not
+    take turns (each waiting out the others' loads), nor wait on a peer that holds the lock."""
+    import shutil
+
+    import filelock
+
+    root = tmp_path / "cache"
+    first = finish(tmp_path, start_group(tmp_path, root, "w", 2, "--layers", "1"), ["w-0", "w-1"])
+    unique = first[0]["counters"]["num_piecewise_capturable_graphs_seen"]
+    for own in root.glob("torch_compile_cache/*/rank_*"):
+        shutil.rmtree(own)  # the ranks start with nothing of their own: every piece is published
+    locks = [filelock.FileLock(str(p)) for p in root.glob("torch_compile_cache/*/shared/*/locks/*.lock")]
+    assert len(locks) == unique
+    for lock in locks:
+        lock.acquire()
+    try:
+        reports = finish(tmp_path, start_group(tmp_path, root, "h", 2, "--layers", "1",
+                                               extra_env={"ATOM_COMPILE_PEER_TIMEOUT": "120"}),
+                         ["h-0", "h-1"], timeout=100)
+    finally:
+        for lock in locks:
+            lock.release()
+    assert all(r["max_abs_err"] < TOL for r in reports)
+    assert total(reports, "num_inductor_compiles") == 0
+    assert [r["counters"]["num_peer_pieces_loaded"] for r in reports] == [unique, unique]
+    assert total(reports, "num_cache_errors") == 0
+
+
 def _cli(*args: str) -> str:
     proc = subprocess.run([sys.executable, "-m", "atom_compile.cli", *args], capture_output=True, text=True,
                           env=env(), timeout=120)
