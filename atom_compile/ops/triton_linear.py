@@ -4,8 +4,10 @@ At M <= 8 a linear layer is a matrix-vector product: the time is reading the wei
 cuBLAS's GEMM tiles (M padded to 64 or 128, few column tiles) leave most of the bandwidth unused.
 Each program here computes a narrow strip of BLOCK_N output columns for every row, streaming its
 BLOCK_N weight rows along K once; the strips are narrow so that even N = 2048 gives hundreds of
-programs. The block shape is tuned once per (M, N, K, dtype) outside CUDA-graph capture; a
-shape first seen during capture runs the default shape (a capture cannot time anything).
+programs. One row is a CUDA-core GEMV; 2..MAX_M rows either pad to 16 for tensor-core dots
+(`dot`, the default) or run a multi-row GEMV on CUDA cores (`gemv`), as ATOM_COMPILE_SMALL_M_ROWS
+says (`rows_mode`). The block shape is tuned once per (M, N, K, dtype) outside CUDA-graph
+capture; a shape first seen during capture runs the default shape (a capture cannot time anything).
 """
 
 from __future__ import annotations
