@@ -80,11 +80,48 @@ def _small_m_linear_kernel(
 
 _linear_launch = FastLaunch(_small_m_linear_kernel)
 
+
+@triton.jit
+def _multi_row_gemv_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    # 2..8 rows on CUDA cores over several K steps: each thread FMAs its slice of every step
+    # into a [BLOCK_M, BLOCK_N, BLOCK_K] float32 partial, reduced across threads once at the end
+    # (the kernel above reduces every step: shuffles and a barrier per step per output)
+    pid = tl.program_id(0)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
+    w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
+    part = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
+    for k in range(0, K, BLOCK_K):
+        k_mask = (k + offs_k) < K
+        x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
+        w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
+        part += x[:, None, :] * w[None, :, :]
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    acc = tl.sum(part, axis=2)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+_gemv_launch = FastLaunch(_multi_row_gemv_kernel)
+
 # The multi-row GEMV's shapes (BLOCK_N, BLOCK_K, num_warps), for 2..MAX_M rows; `_fits` keeps
 # those whose BLOCK_M x BLOCK_N x BLOCK_K float32 products stay within GEMV_REGS a thread
 GEMV_CONFIGS = [(2, 1024, 4), (2, 2048, 4), (2, 2048, 8), (1, 2048, 4), (4, 1024, 4), (4, 2048, 8),
                 (1, 4096, 8), (2, 512, 2), (4, 512, 4), (8, 512, 4), (8, 1024, 8), (2, 4096, 8), (16, 256, 4)]
 GEMV_REGS = 128
+# Whether a multi-row GEMV of several K steps defers its reduction to the end (more registers,
+# one cross-thread reduction instead of one per step); the --sweep times both as gemv / gemv-defer
+GEMV_DEFER = False
 ROWS_MODES = ("dot", "gemv")
 _rows_mode: Optional[str] = None
 
@@ -115,19 +152,20 @@ def _fits(config: tuple[int, int, int], block_m: int) -> bool:
     return block_m * block_n * block_k <= (64 if block_m == 1 else GEMV_REGS) * 32 * warps
 
 
-def _launch(x, weight, bias, out, config, mode: Optional[str] = None) -> None:
+def _launch(x, weight, bias, out, config, mode: Optional[str] = None, defer: Optional[bool] = None) -> None:
+    # defer (default GEMV_DEFER): 2..8 GEMV rows over several K steps take _multi_row_gemv_kernel
     block_n, block_k, warps = config
     m, k = x.shape
     n = weight.shape[0]
     block_m = _block_m(m, mode)
     dummy = bias if bias is not None else weight
-    _linear_launch(
-        (cdiv(n, block_n), 1, 1),
-        (x, weight, dummy, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0)),
-        {"HAS_BIAS": bias is not None, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k,
-         "USE_DOT": block_m >= 16, "IEEE": x.dtype == torch.float32},
-        num_warps=warps,
-    )
+    args = (x, weight, dummy, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0))
+    constants = {"HAS_BIAS": bias is not None, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k}
+    if 1 < block_m < 16 and k > block_k and (GEMV_DEFER if defer is None else defer):
+        _gemv_launch((cdiv(n, block_n), 1, 1), args, constants, num_warps=warps)
+        return
+    constants.update(USE_DOT=block_m >= 16, IEEE=x.dtype == torch.float32)
+    _linear_launch((cdiv(n, block_n), 1, 1), args, constants, num_warps=warps)
 
 
 def _clamp_k(config: tuple[int, int, int], k: int) -> tuple[int, int, int]:

@@ -82,9 +82,11 @@ def test_multi_row_gemv_every_shape_matches_linear(tri, m):
     for config in configs:
         block_n, block_k, warps = config
         assert block_m * block_n * block_k <= tri.GEMV_REGS * 32 * warps
-        out = torch.full((m, n), float("nan"), dtype=x.dtype)
-        tri._launch(x, w, b, out, config, mode="gemv")
-        torch.testing.assert_close(out.float(), want, atol=2e-3, rtol=2e-3, msg=f"config {config}")
+        # the reduction every K step, and (several steps only) once at the end
+        for defer in (False, True) if block_k < k else (False,):
+            out = torch.full((m, n), float("nan"), dtype=x.dtype)
+            tri._launch(x, w, b, out, config, mode="gemv", defer=defer)
+            torch.testing.assert_close(out.float(), want, atol=2e-3, rtol=2e-3, msg=f"config {config} {defer}")
     assert not tri._fits((4, 2048, 4), 8) and tri._fits((4, 2048, 4), 2)  # 256 vs 64 products a thread
 
 
