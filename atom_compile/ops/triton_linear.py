@@ -120,9 +120,9 @@ GEMV_CONFIGS = [(2, 1024, 4), (2, 2048, 4), (2, 2048, 8), (1, 2048, 4), (4, 1024
                 (1, 4096, 8), (2, 512, 2), (4, 512, 4), (8, 512, 4), (8, 1024, 8), (2, 4096, 8), (16, 256, 4)]
 GEMV_REGS = 128
 # Whether a multi-row GEMV of several K steps defers its reduction to the end (more registers,
-# one cross-thread reduction instead of one per step); the --sweep times both as gemv / gemv-defer
+# one cross-thread reduction instead of one per step; ptxas for sm_90: <= 238 registers, no
+# spills, for every shape that fits); the --sweep times both as gemv / gemv-defer
 GEMV_DEFER = False
-ROWS_MODES = ("dot", "gemv")
 _rows_mode: Optional[str] = None
 
 
