@@ -122,17 +122,6 @@ def group_owners() -> int | None:
     return value
 
 
-def small_m_rows() -> str:
-    """ATOM_COMPILE_SMALL_M_ROWS: how `atom::small_m_linear` runs 2..8 rows: `dot` (the default:
-    tensor-core dots, LM-head-wide layers only, cuBLAS otherwise) or `gemv` (CUDA-core GEMV, every layer)."""
-    raw = os.environ.get("ATOM_COMPILE_SMALL_M_ROWS", "").strip().lower()
-    if raw in ("", "dot", "gemv"):
-        return raw or "dot"
-    from .errors import AtomValueError
-
-    raise AtomValueError(f"ATOM_COMPILE_SMALL_M_ROWS: got {raw!r}; allowed: 'dot' (the default) or 'gemv'")
-
-
 def cache_root(cache_dir: str = "") -> Path:
     """`cache_dir` if set, else $ATOM_COMPILE_CACHE_ROOT, else $XDG_CACHE_HOME/atom (~/.cache/atom)."""
     if cache_dir:

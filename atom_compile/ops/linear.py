@@ -3,9 +3,8 @@
 The built-in Llama computes its logits through it, and the built-in small-M pass
 (backends/small_m_pass.py) puts it in place of a CUDA piece's projections. One row takes the
 GEMV (1.2-1.35x cuBLAS on an H200 for 8-34 MB weights, BENCHMARKS.md); up to MAX_M rows take
-the kernel's padded dots only for a vocabulary-wide layer, where they beat cuBLAS, or with
-ATOM_COMPILE_SMALL_M_ROWS=gemv its multi-row GEMV for every layer (triton_linear.supported
-decides); any other call (fp32, CPU, a strided weight, more rows) is `F.linear` itself.
+the kernel's padded dots only for a vocabulary-wide layer, where they beat cuBLAS; any other
+call (fp32, CPU, a strided weight, more rows) is `F.linear` itself.
 """
 
 from __future__ import annotations

@@ -4,10 +4,8 @@ At M <= 8 a linear layer is a matrix-vector product: the time is reading the wei
 cuBLAS's GEMM tiles (M padded to 64 or 128, few column tiles) leave most of the bandwidth unused.
 Each program here computes a narrow strip of BLOCK_N output columns for every row, streaming its
 BLOCK_N weight rows along K once; the strips are narrow so that even N = 2048 gives hundreds of
-programs. One row is a CUDA-core GEMV; 2..MAX_M rows either pad to 16 for tensor-core dots
-(`dot`, the default) or run a multi-row GEMV on CUDA cores (`gemv`), as ATOM_COMPILE_SMALL_M_ROWS
-says (`rows_mode`). The block shape is tuned once per (M, N, K, dtype) outside CUDA-graph
-capture; a shape first seen during capture runs the default shape (a capture cannot time anything).
+programs. The block shape is tuned once per (M, N, K, dtype) outside CUDA-graph capture; a
+shape first seen during capture runs the default shape (a capture cannot time anything).
 """
 
 from __future__ import annotations
@@ -45,9 +43,8 @@ def _small_m_linear_kernel(
     USE_DOT: tl.constexpr, IEEE: tl.constexpr,
 ):
     # One token (BLOCK_M 1): a plain GEMV, weight row by x, reduced along K in float32.
-    # More tokens, USE_DOT: tensor-core dots with the rows padded to BLOCK_M = 16 (reading the
-    # weight once is the cost either way; the padding is free arithmetic). Otherwise the rows
-    # padded to BLOCK_M = 2, 4 or 8 share each weight tile in a float32 multiply-and-reduce.
+    # More tokens: tensor-core dots with the rows padded to BLOCK_M = 16 (reading the weight
+    # once is the cost either way; the padding is free arithmetic).
     pid = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -66,10 +63,8 @@ def _small_m_linear_kernel(
                 acc += tl.dot(x, tl.trans(w), input_precision="ieee")
             else:
                 acc += tl.dot(x, tl.trans(w))
-        elif BLOCK_M == 1:
+        else:
             acc += tl.sum(x.to(tl.float32) * w.to(tl.float32), axis=1)[None, :]
-        else:  # 2..8 rows on CUDA cores: each weight tile is loaded once and used by every row
-            acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     if HAS_BIAS:
@@ -81,134 +76,47 @@ def _small_m_linear_kernel(
 _linear_launch = FastLaunch(_small_m_linear_kernel)
 
 
-@triton.jit
-def _multi_row_gemv_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    # 2..8 rows on CUDA cores over several K steps: each thread FMAs its slice of every step
-    # into a [BLOCK_M, BLOCK_N, BLOCK_K] float32 partial, reduced across threads once at the end
-    # (the kernel above reduces every step: shuffles and a barrier per step per output)
-    pid = tl.program_id(0)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    m_mask = offs_m < M
-    n_mask = offs_n < N
-    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
-    w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
-    part = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
-    for k in range(0, K, BLOCK_K):
-        k_mask = (k + offs_k) < K
-        x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
-        w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
-        part += x[:, None, :] * w[None, :, :]
-        x_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
-    acc = tl.sum(part, axis=2)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
-
-
-_gemv_launch = FastLaunch(_multi_row_gemv_kernel)
-
-# The multi-row GEMV's shapes (BLOCK_N, BLOCK_K, num_warps), for 2..MAX_M rows; `_fits` keeps
-# those whose BLOCK_M x BLOCK_N x BLOCK_K float32 products stay within GEMV_REGS a thread
-GEMV_CONFIGS = [(2, 1024, 4), (2, 2048, 4), (2, 2048, 8), (1, 2048, 4), (4, 1024, 4), (4, 2048, 8),
-                (1, 4096, 8), (2, 512, 2), (4, 512, 4), (8, 512, 4), (8, 1024, 8), (2, 4096, 8), (16, 256, 4)]
-GEMV_REGS = 128
-# Whether a multi-row GEMV of several K steps defers its reduction to the end (more registers,
-# one cross-thread reduction instead of one per step; ptxas for sm_90: <= 238 registers, no
-# spills, for every shape that fits); the --sweep times both as gemv / gemv-defer
-GEMV_DEFER = False
-_rows_mode: Optional[str] = None
-
-
-def rows_mode() -> str:
-    """How 2..MAX_M rows run, `dot` or `gemv` (envs.small_m_rows: ATOM_COMPILE_SMALL_M_ROWS),
-    read once per process."""
-    global _rows_mode
-    if _rows_mode is None:
-        from ..envs import small_m_rows
-
-        _rows_mode = small_m_rows()
-    return _rows_mode
-
-
-def _block_m(m: int, mode: Optional[str] = None) -> int:
-    # one row: 1; more: padded to 16 for tl.dot (it takes at least 16), or to a power of two for the GEMV
-    if m == 1:
-        return 1
-    return next_power_of_2(m) if (mode or rows_mode()) == "gemv" else 16
+def _block_m(m: int) -> int:
+    return 1 if m == 1 else 16  # tl.dot takes at least 16 rows
 
 
 def _fits(config: tuple[int, int, int], block_m: int) -> bool:
-    # the dot path needs BLOCK_N >= 16; a GEMV holds its BLOCK_M x BLOCK_N x BLOCK_K float32 products
+    # the GEMV holds a BLOCK_N x BLOCK_K float32 tile; the dot path needs BLOCK_N >= 16
     block_n, block_k, warps = config
-    if block_m >= 16:
+    if block_m > 1:
         return block_n >= 16
-    return block_m * block_n * block_k <= (64 if block_m == 1 else GEMV_REGS) * 32 * warps
+    return block_n * block_k <= 64 * 32 * warps
 
 
-def _launch(x, weight, bias, out, config, mode: Optional[str] = None, defer: Optional[bool] = None) -> None:
-    # defer (default GEMV_DEFER): 2..8 GEMV rows over several K steps take _multi_row_gemv_kernel
+def _launch(x, weight, bias, out, config) -> None:
     block_n, block_k, warps = config
     m, k = x.shape
     n = weight.shape[0]
-    block_m = _block_m(m, mode)
     dummy = bias if bias is not None else weight
-    args = (x, weight, dummy, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0))
-    constants = {"HAS_BIAS": bias is not None, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k}
-    if 1 < block_m < 16 and k > block_k and (GEMV_DEFER if defer is None else defer):
-        _gemv_launch((cdiv(n, block_n), 1, 1), args, constants, num_warps=warps)
-        return
-    constants.update(USE_DOT=block_m >= 16, IEEE=x.dtype == torch.float32)
-    _linear_launch((cdiv(n, block_n), 1, 1), args, constants, num_warps=warps)
+    _linear_launch(
+        (cdiv(n, block_n), 1, 1),
+        (x, weight, dummy, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0)),
+        {"HAS_BIAS": bias is not None, "BLOCK_M": _block_m(m), "BLOCK_N": block_n, "BLOCK_K": block_k,
+         "USE_DOT": _block_m(m) > 1, "IEEE": x.dtype == torch.float32},
+        num_warps=warps,
+    )
 
 
-def _clamp_k(config: tuple[int, int, int], k: int) -> tuple[int, int, int]:
-    # a short K takes a step no longer than itself
-    block_n, block_k, warps = config
+def gemv_config(k: int) -> tuple[int, int, int]:
+    """The one-row block shape, untuned: two weight rows per program and a whole K of up to
+    2048 (half of it above) per step, so every program's loads are in flight at once. On an
+    H200 (benchmarks/small_m_linear.py --sweep, weights past L2) it was the fastest or within
+    3% of it for every Llama-3.2-1B projection and the LM head, 1.2-1.35x cuBLAS where the
+    weight is 8-34 MB. A short K takes a step no longer than itself."""
+    block_n, block_k, warps = (2, 2048, 2) if k <= 2048 else (2, 4096, 4)
     return block_n, min(block_k, max(16, next_power_of_2(k))), warps
 
 
-def gemv_config(k: int, m: int = 1) -> tuple[int, int, int]:
-    """The GEMV block shape for m rows, untuned. One row: two weight rows per program and a whole
-    K of up to 2048 (half of it above) per step, so every program's loads are in flight at once.
-    On an H200 (benchmarks/small_m_linear.py --sweep, weights past L2) it was the fastest or
-    within 3% of it for every Llama-3.2-1B projection and the LM head, 1.2-1.35x cuBLAS where
-    the weight is 8-34 MB. 2..MAX_M rows: two weight rows and 64 float32 products a thread."""
-    if m == 1:
-        return _clamp_k((2, 2048, 2) if k <= 2048 else (2, 4096, 4), k)
-    return _clamp_k({2: (2, 2048, 4), 4: (2, 2048, 8)}.get(next_power_of_2(m), (2, 1024, 8)), k)
-
-
-def gemv_configs(k: int, m: int) -> list[tuple[int, int, int]]:
-    """The multi-row GEMV shapes the tuning times for m (2..MAX_M) rows: GEMV_CONFIGS that fit,
-    K steps clamped to K, the untuned default first."""
-    block_m = next_power_of_2(m)
-    found = [gemv_config(k, m)]
-    for config in GEMV_CONFIGS:
-        config = _clamp_k(config, k)
-        if config not in found and _fits(config, block_m):
-            found.append(config)
-    return found
-
-
-def _candidates(m: int, k: int) -> list[tuple[int, int, int]]:
-    # the shapes to time for m rows under the configured mode; the first is the untuned default
-    block_m = _block_m(m)
-    if block_m == 1:
-        return [gemv_config(k)]
-    if block_m < 16:
-        return gemv_configs(k, m)
-    return [c for c in CONFIGS if _fits(c, block_m)] or [CONFIGS[0]]
-
-
 def _tune(x, weight, bias, out) -> tuple[int, int, int]:
-    candidates = _candidates(x.shape[0], x.shape[1])
+    block_m = _block_m(x.shape[0])
+    if block_m == 1:
+        return gemv_config(x.shape[1])
+    candidates = [c for c in CONFIGS if _fits(c, block_m)] or [CONFIGS[0]]
     if len(candidates) == 1 or x.device.type != "cuda":
         return candidates[0]
     timings = {}
@@ -232,19 +140,18 @@ def _bench(fn) -> float:
     return bench(fn, rep=20)
 
 
-# Above one row the padded tensor-core dots beat cuBLAS on an H200 only on a large-vocabulary LM
-# head, so in `dot` mode 2..MAX_M rows take them only from this many outputs; `gemv` takes every N
+# Above one row the kernel pads the rows to 16 for tensor-core dots; measured on an H200 it beat
+# cuBLAS only on a large-vocabulary LM head, so 2..MAX_M rows take it only from this many outputs
 DOT_MIN_N = 32768
 
 
 def supported(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
     """Whether the kernel takes this call: 2-D half-precision input of one row (or of at most
-    MAX_M rows for at least DOT_MIN_N outputs, or for any N in `gemv` rows_mode), a row-major
-    weight of the same dtype, unit inner strides."""
+    MAX_M rows for at least DOT_MIN_N outputs), a row-major weight of the same dtype, unit
+    inner strides."""
     rows = x.shape[0] if x.dim() == 2 else 0
     wide = weight.dim() == 2 and weight.shape[0] >= DOT_MIN_N
-    return (x.dim() == 2 and (rows == 1 or (0 < rows <= MAX_M and (wide or rows_mode() == "gemv")))
-            and x.dtype in (torch.float16, torch.bfloat16)
+    return (x.dim() == 2 and (rows == 1 or (0 < rows <= MAX_M and wide)) and x.dtype in (torch.float16, torch.bfloat16)
             and weight.dim() == 2 and weight.dtype == x.dtype and weight.shape[1] == x.shape[1]
             and x.stride(1) == 1 and weight.stride(1) == 1
             and (bias is None or (bias.dtype == x.dtype and bias.shape == (weight.shape[0],) and bias.stride(0) == 1)))
@@ -257,7 +164,8 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     config = _tuned.get(key)
     if config is None:
         capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
-        config = _candidates(x.shape[0], x.shape[1])[0] if capturing else _tune(x, weight, bias, out)
+        config = (gemv_config(x.shape[1]) if _block_m(x.shape[0]) == 1 else CONFIGS[0]) if capturing \
+            else _tune(x, weight, bias, out)
         if not capturing:
             _tuned[key] = config
     _launch(x, weight, bias, out, config)
