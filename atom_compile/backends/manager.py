@@ -30,34 +30,14 @@ from ..cache.keys import content_key, graph_fingerprint, sha256_bytes, sha256_fi
 from ..cache import run_stats
 from ..cache.shared import SharedPieces
 from ..cache.store import PieceCache, damage, entry_key
-from ..cache.trust import make_private_dir, tree_problems
+from ..cache.scratch import isa_probe_dir
+from ..cache.trust import make_private_dir, os_error_in, private_umask
 
 logger = logging.getLogger("atom_compile")
 
 
-def _os_error_in(exc: BaseException) -> Optional[OSError]:
-    """The OSError behind an exception, if any (Inductor wraps the errors of its workers)."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, OSError):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
-
-
 def _graph_digest(graph: fx.GraphModule) -> str:
     return sha256_bytes(graph_fingerprint(graph).encode())[:32]
-
-
-@contextlib.contextmanager
-def _private_umask():
-    """Everything Inductor creates while this is held is private to the user (umask 077)."""
-    old = os.umask(0o077)
-    try:
-        yield
-    finally:
-        os.umask(old)
 
 
 class CompilerManager:
@@ -122,20 +102,6 @@ class CompilerManager:
             kernel_files.attach(self, str(directory))
         return str(directory)
 
-    def _isa_dir(self) -> Optional[str]:
-        """Where Inductor probes the CPU's vector ISA: one private directory that every cache
-        under the root shares (the probe builds and loads test programs, seconds in a fresh
-        directory, so a new cache must not pay it again); None if it is not ours to use."""
-        assert self.cache is not None
-        path = self.cache.isa_probe_path
-        try:
-            if not os.path.lexists(path):
-                make_private_dir(path)
-            problems = tree_problems(self.cache.root, path, limit=1)
-        except OSError:
-            return None
-        return None if problems else str(path)
-
     def _check_scratch(self) -> None:
         directory = self.cache.scratch_path
         if not os.path.lexists(directory):
@@ -165,15 +131,15 @@ class CompilerManager:
         beside our artifacts, under umask 077. If writing there fails (a read-only or full disk
         that we learn of only now), say so once and run again with Inductor's default place."""
         self.compiler.inductor_dir = self._scratch_dir()
-        self.compiler.isa_dir = self._isa_dir() if self.compiler.inductor_dir is not None else None
+        self.compiler.isa_dir = isa_probe_dir(self.cache.root, self.cache.isa_probe_path) if self.compiler.inductor_dir is not None else None
         if self.compiler.inductor_dir is None:
             return call()
         self._scratch_used = True
         try:
-            with _private_umask():
+            with private_umask():
                 return call()
         except Exception as exc:
-            error = _os_error_in(exc)
+            error = os_error_in(exc)
             if error is None:
                 raise
             self.cache.write_failed(self.cache.scratch_path, error)

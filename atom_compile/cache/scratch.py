@@ -168,3 +168,16 @@ def prune_unrecorded(root: Path, directory: Path, recorded: dict[str, str]) -> i
             trust.unlink_in(root, ops / rel)
             removed += 1
     return removed
+
+
+def isa_probe_dir(root: Path, path: Path) -> Optional[str]:
+    """Where Inductor probes the CPU's vector ISA: one private directory that every cache
+    under the root shares (the probe builds and loads test programs, seconds in a fresh
+    directory, so a new cache must not pay it again); None if it is not ours to use."""
+    try:
+        if not os.path.lexists(path):
+            trust.make_private_dir(path)
+        problems = trust.tree_problems(root, path, limit=1)
+    except OSError:
+        return None
+    return None if problems else str(path)

@@ -15,6 +15,7 @@ and refuses links. JSON read from the cache is bounded in size and nesting befor
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -301,3 +302,24 @@ def tree_problems(root: Path, path: Path, limit: int = 20) -> list[str]:
             elif stat.S_ISDIR(st.st_mode):
                 stack.append(Path(entry.path))
     return found[:limit]
+
+
+def os_error_in(exc: BaseException) -> Optional[OSError]:
+    """The OSError behind an exception, if any (Inductor wraps the errors of its workers)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+@contextlib.contextmanager
+def private_umask():
+    """Everything Inductor creates while this is held is private to the user (umask 077)."""
+    old = os.umask(0o077)
+    try:
+        yield
+    finally:
+        os.umask(old)
