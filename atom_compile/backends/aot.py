@@ -178,13 +178,7 @@ def _read_entry_point(root: Path, path: Path) -> Optional[tuple[dict, list, str,
 
 
 def _cache_miss_in(exc: BaseException) -> Optional[BaseException]:
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, CacheMiss):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
+    return trust.exception_in(exc, CacheMiss)
 
 
 def _every_piece_saved(result: Any) -> bool:

@@ -304,15 +304,20 @@ def tree_problems(root: Path, path: Path, limit: int = 20) -> list[str]:
     return found[:limit]
 
 
-def os_error_in(exc: BaseException) -> Optional[OSError]:
-    """The OSError behind an exception, if any (Inductor wraps the errors of its workers)."""
+def exception_in(exc: Optional[BaseException], kind: type) -> Optional[BaseException]:
+    """The exception of type `kind` behind `exc` (itself, or along its causes and contexts)."""
     seen = set()
     while exc is not None and id(exc) not in seen:
-        if isinstance(exc, OSError):
+        if isinstance(exc, kind):
             return exc
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+def os_error_in(exc: BaseException) -> Optional[OSError]:
+    """The OSError behind an exception, if any (Inductor wraps the errors of its workers)."""
+    return exception_in(exc, OSError)  # type: ignore[return-value]
 
 
 @contextlib.contextmanager
