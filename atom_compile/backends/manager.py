@@ -131,9 +131,10 @@ class CompilerManager:
         beside our artifacts, under umask 077. If writing there fails (a read-only or full disk
         that we learn of only now), say so once and run again with Inductor's default place."""
         self.compiler.inductor_dir = self._scratch_dir()
-        self.compiler.isa_dir = isa_probe_dir(self.cache.root, self.cache.isa_probe_path) if self.compiler.inductor_dir is not None else None
+        self.compiler.isa_dir = None
         if self.compiler.inductor_dir is None:
             return call()
+        self.compiler.isa_dir = isa_probe_dir(self.cache.root, self.cache.isa_probe_path)
         self._scratch_used = True
         try:
             with private_umask():
