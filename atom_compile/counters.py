@@ -43,6 +43,8 @@ class CompilationCounter:
     # whole Dynamo functions saved / loaded (the warm start that skips Dynamo)
     num_dynamo_functions_saved: int = 0
     num_dynamo_functions_loaded: int = 0
+    # saved Dynamo functions loaded but set aside: a peer of the compile group had none (it traces)
+    num_dynamo_functions_set_aside: int = 0
     # invoke_subgraph calls (layers traced once as a nested compile region) inlined by the backend
     num_regions_inlined: int = 0
     # traces retried without nested compile regions (the region did not apply)

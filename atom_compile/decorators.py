@@ -208,6 +208,7 @@ class CompiledDispatcher:
             required = cc.require_cache or self._atom_env.require_cache
             fn, missed = aot.try_load(cc, compiler_factors, device_type, prefix, self, args, f_globals,
                                       self._atom_env.cache_root, required, remote_tier(cc, self._atom_env))
+            fn, missed = aot.agree_to_load(fn, missed, self._atom_env)
             if fn is not None:
                 _check_code(fn.__code__, cls)
                 return self._atom_start_dispatch(fn, args, kwargs)

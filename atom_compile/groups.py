@@ -113,6 +113,17 @@ def compile_group(enabled: bool = True, timeout: float = 600.0,
         return None
 
 
+def ranks_without(have: bool, enabled: bool = True, timeout: float = 600.0) -> list[int]:
+    """The ranks of the compile group where `have` is False ([] with no group), from one
+    exchange: for a choice every rank must make alike. A rank that loads its saved forward
+    skips the agreement that a rank which traces waits in (and the model's collectives would
+    meet that rank's exchange on the same group)."""
+    handle = compile_group(enabled, timeout)
+    if handle is None:
+        return []
+    return [rank for rank, ok in enumerate(handle.all_gather(bool(have))) if not ok]
+
+
 def object_group(group: Any, timeout: float = 600.0) -> Optional[Any]:
     """A gloo group over the ranks of `group` (itself when it is gloo); None when there is none
     to be had (a non-default group of another backend: pass a gloo group to set_compile_group)."""

@@ -30,6 +30,7 @@ from ..cache import trust
 from ..cache.remote import RemoteTier
 from ..cache.remote_entrypoints import publish_entrypoint, pull_entrypoint
 from ..cache.store import FACTORS_FILE, HASH_RE, PieceCache, atomic_write, caches_dir, current_rank, damage
+from .. import groups
 from ..config import CompilationConfig
 from ..counters import compilation_counter
 from ..errors import CacheMiss
@@ -146,6 +147,22 @@ def try_load(cc: CompilationConfig, compiler_factors: dict, device_type: str, pr
     logger.info("atom-compile: warm start of %s from %s in %.2fs: saved Dynamo function and pieces "
                 "loaded, neither Dynamo nor Inductor ran", prefix, cache.path, time.perf_counter() - start)
     return loaded.fn, ""
+
+
+def agree_to_load(fn: Optional[Callable], missed: str, environment: Any) -> tuple[Optional[Callable], str]:
+    """`try_load`'s answer, kept only if every rank of the compile group loaded its forward too:
+    a rank that traces meets its peers in the agreement's exchange, so a loaded rank traces with
+    it (its pieces then load from its own cache) rather than run ahead into the model's
+    collectives. One exchange, on every rank that reaches here with the cache on."""
+    if environment.cache_root is None:
+        return fn, missed
+    peers = groups.ranks_without(fn is not None, environment.group_compile, environment.peer_timeout)
+    if fn is None or not peers:
+        return fn, missed
+    compilation_counter.num_dynamo_functions_set_aside += 1
+    logger.info("atom-compile: rank(s) %s of the compile group have no saved forward; this rank traces "
+                "with them (its pieces load from its cache)", peers)
+    return None, f"rank(s) {peers} of the compile group have no saved forward (every rank traces with them)"
 
 
 def _key_change(root: Path, recorded_hash: str, factors: dict) -> str:

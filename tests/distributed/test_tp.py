@@ -87,6 +87,31 @@ def test_published_pieces_load_while_their_locks_are_held(tmp_path):
     assert total(reports, "num_cache_errors") == 0
 
 
+def test_a_warm_rank_traces_with_a_cold_peer(tmp_path):
+    """One rank's own cache is warm, its peer's is empty: the warm rank sets its saved forward
+    aside and traces with the peer (one exchange decides it for the group), rather than run into
+    the model's collectives while the peer waits in the agreement; nothing is compiled."""
+    import shutil
+
+    root = tmp_path / "cache"
+    first = finish(tmp_path, start_group(tmp_path, root, "w", 2, "--layers", "1"), ["w-0", "w-1"])
+    unique = first[0]["counters"]["num_piecewise_capturable_graphs_seen"]
+    warm = finish(tmp_path, start_group(tmp_path, root, "v", 2, "--layers", "1"), ["v-0", "v-1"])
+    assert [r["counters"]["num_dynamo_functions_loaded"] for r in warm] == [1, 1]
+    assert total(warm, "num_dynamo_functions_set_aside") == 0
+    for own in root.glob("torch_compile_cache/*/rank_1"):
+        shutil.rmtree(own)
+    reports = finish(tmp_path, start_group(tmp_path, root, "m", 2, "--layers", "1",
+                                           extra_env={"ATOM_COMPILE_PEER_TIMEOUT": "60"}),
+                     ["m-0", "m-1"], timeout=120)
+    assert all(r["max_abs_err"] < TOL for r in reports), [r["max_abs_err"] for r in reports]
+    assert [r["counters"]["num_dynamo_functions_set_aside"] for r in reports] == [1, 0]
+    assert total(reports, "num_inductor_compiles") == 0
+    assert [r["counters"]["num_peer_pieces_loaded"] for r in reports] == [0, unique]
+    assert all(g["peer_problem"] is None for r in reports for g in r["group"])
+    assert total(reports, "num_cache_errors") == 0
+
+
 def _cli(*args: str) -> str:
     proc = subprocess.run([sys.executable, "-m", "atom_compile.cli", *args], capture_output=True, text=True,
                           env=env(), timeout=120)
