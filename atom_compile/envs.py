@@ -103,6 +103,12 @@ def group_compile() -> bool:
     return os.environ.get("ATOM_COMPILE_GROUP_COMPILE", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def pdl() -> bool:
+    """ATOM_COMPILE_PDL=0 launches our decode kernels without programmatic dependent launch
+    (ops/pdl.py) on GPUs that have it; it changes when a kernel starts, never what it computes."""
+    return os.environ.get("ATOM_COMPILE_PDL", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def group_owners() -> int | None:
     """ATOM_COMPILE_GROUP_OWNERS: at most this many ranks of a group compile the pieces they
     share; `auto` (the default) picks the count from the pieces' size, so a few small pieces

@@ -22,6 +22,13 @@ from .residual_add import ResidualAddPass
 from .small_m_pass import SmallMLinearPass
 
 POST_PASS_KEY = "post_grad_custom_post_pass"
+PDL_OPTION = "triton.enable_pdl"  # Inductor's programmatic dependent launch (torch >= 2.10)
+
+
+def _inductor_has_pdl() -> bool:
+    import torch._inductor.config as inductor_config
+
+    return hasattr(inductor_config.triton, "enable_pdl")
 
 
 class PostGradPasses(CustomGraphPass):
@@ -45,10 +52,16 @@ class PostGradPasses(CustomGraphPass):
 
 def compiler_config(cc: CompilationConfig) -> dict[str, Any]:
     """The Inductor options a piece compiles with: inductor_compile_config, the passes (the
-    built-in ones first, those that are on: residual add, then small-M linear), and Inductor
-    graph partition's (when use_inductor_graph_partition is on)."""
+    built-in ones first, those that are on: residual add, then small-M linear), Inductor
+    graph partition's (when use_inductor_graph_partition is on) and PDL on where Inductor has
+    it (inductor_compile_config={"triton.enable_pdl": False} keeps it off)."""
     out = dict(cc.inductor_compile_config)
     out.update(graph_partition.inductor_options(cc, DEFAULT_SPLITTING_OPS))
+    if PDL_OPTION not in out and _inductor_has_pdl():
+        # Inductor's Triton kernels wait for the kernel before and let the next one launch
+        # early: on GPUs of compute capability >= 9 only (Inductor checks), as ours do
+        # (ops/pdl.py); a decode step is some 130 kernels of a few microseconds each
+        out[PDL_OPTION] = True
     passes = ([ResidualAddPass()] if cc.residual_add_pass else []) \
         + ([SmallMLinearPass()] if cc.small_m_linear_pass else []) + list(cc.inductor_passes)
     if passes:

@@ -19,6 +19,7 @@ from typing import Any, Optional
 import torch
 
 from ..errors import AtomValueError
+from . import pdl
 from .triton_attention_kernels import _attention_kernel, _write_kv_kernel
 from .triton_launch import FastLaunch, cdiv, next_power_of_2
 
@@ -151,7 +152,7 @@ def _attention_launch_args(query, k_cache, v_cache, output, meta, scale: float, 
          scale, num_heads, num_kv_heads, plan.num_splits, plan.keys_per_split, plan.ml_offset),
         {"GROUP": plan.group, "G_PAD": plan.g_pad, "BLOCK_SIZE": block_size, "BLOCK_N": plan.block_n,
          "HEAD_DIM": head_dim, "D_PAD": plan.d_pad, "S_PAD": plan.s_pad, "IEEE": k_cache.dtype == torch.float32,
-         "WRITE_KV": new_kv is not None},
+         "WRITE_KV": new_kv is not None, "PDL": pdl.enabled(query.device)},
         plan.num_warps,
     )
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .pdl import gdc_launch_dependents, gdc_wait
+
 
 @triton.jit
 def _store_heads(out_ptr, row, heads, offs_d, g_mask, d_mask, stride_ot, stride_oh, acc, l_i):
@@ -137,12 +139,16 @@ def _attention_kernel(
     scale, num_heads, num_kv_heads, num_splits, keys_per_split, ml_offset,
     GROUP: tl.constexpr, G_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr, IEEE: tl.constexpr, WRITE_KV: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # WRITE_KV (decode steps, one row per sequence): the row's own key and value, new this step,
     # are written to the cache by span 0 and attended from the inputs by the span holding them.
     # One program: one query row, one KV head with ALL the query heads of its group (GQA: the
     # keys and values are read once for the group), one span of the context. The group's
     # heads are padded to G_PAD >= 16 rows so both products run as tensor-core dots.
+    if PDL:  # launched early (ops/pdl.py): read nothing before the kernel before has finished
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     span = tl.program_id(2)

@@ -22,6 +22,8 @@ try:
 except ImportError:  # an older layout: no config is skipped for its size
     OutOfResources = ()  # type: ignore[assignment,misc]
 
+from . import pdl
+from .pdl import gdc_launch_dependents, gdc_wait
 from .triton_launch import FastLaunch, cdiv, next_power_of_2
 
 logger = logging.getLogger("atom_compile")
@@ -40,11 +42,14 @@ _tuned: dict[tuple, tuple[int, int, int]] = {}
 def _small_m_linear_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    USE_DOT: tl.constexpr, IEEE: tl.constexpr,
+    USE_DOT: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
 ):
     # One token (BLOCK_M 1): a plain GEMV, weight row by x, reduced along K in float32.
     # More tokens: tensor-core dots with the rows padded to BLOCK_M = 16 (reading the weight
     # once is the cost either way; the padding is free arithmetic).
+    if PDL:  # launched early (ops/pdl.py): read nothing before the kernel before has finished
+        gdc_wait()
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -97,7 +102,7 @@ def _launch(x, weight, bias, out, config) -> None:
         (cdiv(n, block_n), 1, 1),
         (x, weight, dummy, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0)),
         {"HAS_BIAS": bias is not None, "BLOCK_M": _block_m(m), "BLOCK_N": block_n, "BLOCK_K": block_k,
-         "USE_DOT": _block_m(m) > 1, "IEEE": x.dtype == torch.float32},
+         "USE_DOT": _block_m(m) > 1, "IEEE": x.dtype == torch.float32, "PDL": pdl.enabled(x.device)},
         num_warps=warps,
     )
 

@@ -56,6 +56,15 @@ def test_the_builtin_passes_are_in_the_compiler_options_unless_turned_off():
             CompilationConfig(**{name: "yes"})
 
 
+def test_inductor_pdl_is_on_where_inductor_has_it_unless_the_user_says_otherwise():
+    import torch._inductor.config as inductor_config
+
+    has = hasattr(inductor_config.triton, "enable_pdl")
+    assert compiler_config(CompilationConfig(level=3)).get("triton.enable_pdl") is (True if has else None)
+    off = CompilationConfig(level=3, inductor_compile_config={"triton.enable_pdl": False})
+    assert compiler_config(off)["triton.enable_pdl"] is False
+
+
 class Block(torch.nn.Module):
     """A residual stream as transformers write it: the sum feeds the next norm (a reduction)."""
 
