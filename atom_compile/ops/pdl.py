@@ -39,6 +39,14 @@ except ImportError:  # an older Triton: the kernels never take the PDL branch
         pass
 
 
+@triton.jit
+def wait_then_release():
+    """A kernel launched with PDL, first: wait for the kernel before (its writes visible), then
+    let the next kernel launch."""
+    gdc_wait()
+    gdc_launch_dependents()
+
+
 def _launch_option() -> bool:
     try:
         from triton.backends.nvidia.compiler import CUDAOptions

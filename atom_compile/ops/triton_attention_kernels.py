@@ -16,7 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .pdl import gdc_launch_dependents, gdc_wait
+from .pdl import wait_then_release
 
 
 @triton.jit
@@ -143,12 +143,10 @@ def _attention_kernel(
 ):
     # WRITE_KV (decode steps, one row per sequence): the row's own key and value, new this step,
     # are written to the cache by span 0 and attended from the inputs by the span holding them.
-    # One program: one query row, one KV head with ALL the query heads of its group (GQA: the
-    # keys and values are read once for the group), one span of the context. The group's
-    # heads are padded to G_PAD >= 16 rows so both products run as tensor-core dots.
+    # One program: one query row, one KV head with ALL its group's query heads (GQA: keys and values
+    # read once), one span of the context; heads padded to G_PAD >= 16 rows for tensor-core dots.
     if PDL:  # launched early (ops/pdl.py): read nothing before the kernel before has finished
-        gdc_wait()
-        gdc_launch_dependents()
+        wait_then_release()
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     span = tl.program_id(2)

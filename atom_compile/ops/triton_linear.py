@@ -23,7 +23,7 @@ except ImportError:  # an older layout: no config is skipped for its size
     OutOfResources = ()  # type: ignore[assignment,misc]
 
 from . import pdl
-from .pdl import gdc_launch_dependents, gdc_wait
+from .pdl import wait_then_release
 from .triton_launch import FastLaunch, cdiv, next_power_of_2
 
 logger = logging.getLogger("atom_compile")
@@ -48,8 +48,7 @@ def _small_m_linear_kernel(
     # More tokens: tensor-core dots with the rows padded to BLOCK_M = 16 (reading the weight
     # once is the cost either way; the padding is free arithmetic).
     if PDL:  # launched early (ops/pdl.py): read nothing before the kernel before has finished
-        gdc_wait()
-        gdc_launch_dependents()
+        wait_then_release()
     pid = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -148,7 +148,10 @@ class ModelRunner:
         input_ids, positions, meta, ctx = self.builder.build_for_capture(bs, q)
         layers = self.no_compile_layers
         with set_forward_context(meta, None, ctx, no_compile_layers=layers):
-            self.model(input_ids, positions)  # warm-up: compiles on the first size, loads kernels
+            hidden = self.model(input_ids, positions)  # warm-up: compiles on the first size, loads kernels
+            # the logits run after the replay, outside the recording: their kernels (a Triton
+            # LM head at few rows) are compiled and tuned here, before warm-up ends, too
+            self.model.compute_logits(hidden)
         torch.cuda.synchronize()
         if self.records_token_graphs:
             with set_forward_context(meta, None, ctx, no_compile_layers=layers, tr_graph="record"):

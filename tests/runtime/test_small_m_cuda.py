@@ -65,3 +65,35 @@ def test_compiled_projections_call_the_kernel_and_match_eager(tmp_path):
     code = "\n".join(p.read_text() for p in (tmp_path / "cache").rglob("*.py") if "def call(" in p.read_text())
     assert code.count("torch.ops.atom.small_m_linear") >= 2  # both projections
     assert {k[1:3] for k in triton_linear._tuned} == {(512, 256), (256, 512)}  # the one-row calls took the kernel
+
+
+def test_the_capture_warms_the_logits_too(tmp_path):
+    """The logits run after the replay, outside the recording; the capture's warm-up runs them
+    at every captured size, so no decode step compiles or tunes a Triton kernel after it
+    (a vocabulary of DOT_MIN_N takes the Triton LM head at 1..MAX_M rows)."""
+    import atom_compile as ac
+    from atom_compile import compilation_counter
+    from atom_compile.models import preset
+    from atom_compile.ops import jit_watch
+    from atom_compile.ops.attention import PagedAttentionMetadataBuilder, SequenceStep
+    from atom_compile.runtime import ModelRunner
+
+    pytest.importorskip("triton.knobs", reason="needs Triton >= 3.4 (its JIT hooks live in triton.knobs)")
+    wide = preset("tiny", num_layers=1, hidden_size=128, num_heads=4, num_kv_heads=2, head_dim=32,
+                  intermediate_size=256, vocab_size=triton_linear.DOT_MIN_N)
+    cc = ac.CompilationConfig(level=3, cudagraph_mode=ac.CUDAGraphMode.FULL, cudagraph_capture_sizes=[1, 2, 4, 8],
+                              cache_dir=str(tmp_path / "cache"))
+    cfg = ac.Config(max_num_seqs=8, max_num_batched_tokens=64, compilation_config=cc)
+    model = build_model(wide, compilation_config=cfg, dtype=torch.bfloat16, device="cuda", seed=0)
+    model.allocate_kv_cache(8 * 4, 16)
+    runner = ModelRunner(model, cfg, PagedAttentionMetadataBuilder(8, 64, 4, 16, device="cuda"))
+    triton_linear._tuned.clear()
+    runner.capture_cudagraph()
+    try:
+        with compilation_counter.expect(num_triton_compiles_after_warmup=0):
+            for bs in (1, 3, 8):
+                steps = [SequenceStep([5 + s], 7, [4 * s, 4 * s + 1]) for s in range(bs)]
+                logits, _ = runner.step(steps)
+                assert logits.shape == (bs, wide.vocab_size)
+    finally:
+        jit_watch.stop_watching()
