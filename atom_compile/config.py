@@ -12,13 +12,12 @@ import dataclasses
 import enum
 import hashlib
 import json
-import logging
-import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Union
 
 from .errors import AtomTypeError, ConfigError
-from .config_checks import CAPTURE_SIZES_TOKEN, _check_bool, _check_budget, _check_graph_partition, _check_size, _jsonable, _range_list, _size_list
+from .config_checks import (CAPTURE_SIZES_TOKEN, _check_bool, _check_budget, _check_graph_partition, _check_size,
+                            _jsonable, _range_list, _size_list, default_capture_ladder, normalize_op_name)
 from .host_config import HostConfig
 from .modes import CompilationLevel, CUDAGraphMode
 from .passes import check_pass, pass_factors
@@ -29,32 +28,9 @@ __all__ = [
     "normalize_op_name",
 ]
 
-logger = logging.getLogger("atom_compile")
 
 DEFAULT_SPLITTING_OPS = ("aiter.unified_attention_with_output", "aiter.mla_attention")
 COMPILERS = ("auto", "inductor_standalone", "inductor", "eager")
-
-# `ns.op`, `ns::op` or `ns::op.overload`
-_OP_NAME = re.compile(r"^[A-Za-z_]\w*(::[A-Za-z_]\w*(\.[A-Za-z_]\w*)?|\.[A-Za-z_]\w*)$")
-
-
-def normalize_op_name(name: Any, field_name: str = "splitting_ops") -> str:
-    """`ns.op` / `ns::op` / `ns::op.overload` -> `ns::op` or `ns::op.overload`."""
-    if not isinstance(name, str) or not _OP_NAME.match(name.strip()):
-        raise ConfigError(
-            field_name, name, "op names written 'ns.op', 'ns::op' or 'ns::op.overload'"
-        )
-    name = name.strip()
-    if "::" in name:
-        return name
-    ns, op = name.split(".", 1)
-    return f"{ns}::{op}"
-
-
-def default_capture_ladder(max_size: int) -> list[int]:
-    """`[1..8] + range(16, N+1, 16)`, the ladder that `cuda_graph_sizes=[N]` stands for."""
-    return [i for i in range(1, 9) if i <= max_size] + list(range(16, max_size + 1, 16))
-
 
 @dataclass
 class CompilationConfig:

@@ -3,11 +3,33 @@ and what is allowed (config.py's dataclasses call these in __post_init__)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, Iterable
 
 from .errors import ConfigError
 
 CAPTURE_SIZES_TOKEN = "cudagraph_capture_sizes"
+
+# `ns.op`, `ns::op` or `ns::op.overload`
+_OP_NAME = re.compile(r"^[A-Za-z_]\w*(::[A-Za-z_]\w*(\.[A-Za-z_]\w*)?|\.[A-Za-z_]\w*)$")
+
+
+def normalize_op_name(name: Any, field_name: str = "splitting_ops") -> str:
+    """`ns.op` / `ns::op` / `ns::op.overload` -> `ns::op` or `ns::op.overload`."""
+    if not isinstance(name, str) or not _OP_NAME.match(name.strip()):
+        raise ConfigError(
+            field_name, name, "op names written 'ns.op', 'ns::op' or 'ns::op.overload'"
+        )
+    name = name.strip()
+    if "::" in name:
+        return name
+    ns, op = name.split(".", 1)
+    return f"{ns}::{op}"
+
+
+def default_capture_ladder(max_size: int) -> list[int]:
+    """`[1..8] + range(16, N+1, 16)`, the ladder that `cuda_graph_sizes=[N]` stands for."""
+    return [i for i in range(1, 9) if i <= max_size] + list(range(16, max_size + 1, 16))
 
 
 def _check_size(field_name: str, value: Any, upper: int | None = None, upper_name: str = "") -> int:

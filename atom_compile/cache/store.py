@@ -21,7 +21,6 @@ import logging
 import os
 import re
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -31,6 +30,7 @@ import filelock
 from .. import envs
 from ..errors import AtomValueError, IndexInvalid
 from . import scratch, trust
+from .files import atomic_write, sha256_file  # noqa: F401  (re-exported, as the index names below)
 from .index import (  # noqa: F401  (re-exported: the layout's readers import them from here)
     INDEX_FILE,
     INDEX_FORMAT,
@@ -55,18 +55,6 @@ _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 FACTORS_FILE = "cache_key_factors.json"
 
 _warned: set[str] = set()
-
-
-def sha256_file(path: str) -> Optional[str]:
-    """The file's sha256 (hex), or None if it cannot be read (files outside the cache)."""
-    try:
-        with open(path, "rb") as f:
-            digest = hashlib.sha256()
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-            return digest.hexdigest()
-    except OSError:
-        return None
 
 
 def digest_problem(root: Path, path: Path, sha256: Any) -> Optional[str]:
@@ -149,24 +137,6 @@ def trust_problem(root: Path, path: Path) -> Optional[str]:
     if not os.path.lexists(path):
         return None
     return trust.path_problem(root, path)
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write `data` to `path` (0600) through a temp file in the same directory and a rename."""
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, trust.FILE_MODE)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def _touch_private(path: Path, dir_fd: Optional[int] = None) -> int:
