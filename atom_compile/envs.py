@@ -21,6 +21,11 @@ def _flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in _TRUE
 
 
+def _not_off(name: str) -> bool:
+    """On unless the variable says 0 / false / no / off."""
+    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def cache_root_override() -> str | None:
     """ATOM_COMPILE_CACHE_ROOT: the cache root (default: $XDG_CACHE_HOME/atom or ~/.cache/atom)."""
     return os.environ.get("ATOM_COMPILE_CACHE_ROOT") or None
@@ -100,13 +105,13 @@ def peer_timeout() -> float:
 def group_compile() -> bool:
     """ATOM_COMPILE_GROUP_COMPILE=0 turns off the agreement over the process group (who
     compiles which piece); the ranks then coordinate through the cache directory's locks."""
-    return os.environ.get("ATOM_COMPILE_GROUP_COMPILE", "1").strip().lower() not in ("0", "false", "no", "off")
+    return _not_off("ATOM_COMPILE_GROUP_COMPILE")
 
 
 def pdl() -> bool:
     """ATOM_COMPILE_PDL=0 launches our decode kernels without programmatic dependent launch
     (ops/pdl.py) on GPUs that have it; it changes when a kernel starts, never what it computes."""
-    return os.environ.get("ATOM_COMPILE_PDL", "1").strip().lower() not in ("0", "false", "no", "off")
+    return _not_off("ATOM_COMPILE_PDL")
 
 
 def group_owners() -> int | None:

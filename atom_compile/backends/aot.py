@@ -29,7 +29,8 @@ from ..cache.keys import build_factors, compute_hash, diff_factors, module_finge
 from ..cache import trust
 from ..cache.remote import RemoteTier
 from ..cache.remote_entrypoints import publish_entrypoint, pull_entrypoint
-from ..cache.store import FACTORS_FILE, HASH_RE, PieceCache, atomic_write, caches_dir, current_rank, damage
+from ..cache.files import atomic_write
+from ..cache.store import FACTORS_FILE, HASH_RE, PieceCache, caches_dir, current_rank, damage
 from .. import groups
 from ..config import CompilationConfig
 from ..counters import compilation_counter

@@ -161,7 +161,7 @@ def _read(directory: str) -> Optional[dict]:
 
 
 def _write(directory: str, answer: dict) -> None:
-    from ..cache.store import atomic_write
+    from ..cache.files import atomic_write
 
     try:
         atomic_write(Path(directory) / ANSWER_FILE, (json.dumps(answer, sort_keys=True) + "\n").encode())

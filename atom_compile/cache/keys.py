@@ -23,7 +23,7 @@ import torch.fx as fx
 from .._version import __version__
 from ..config import CompilationConfig
 from ..custom_ops import registered_op
-from .store import sha256_file
+from .files import sha256_file
 
 logger = logging.getLogger("atom_compile")
 

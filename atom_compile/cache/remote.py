@@ -33,7 +33,8 @@ from . import signing, trust
 from .index import check_manifest_path, check_rel_path, parse_index
 from .remote_stores import RemoteStore, StoreError, open_store
 from .scratch import SCRATCH_DIR
-from .store import PieceCache, atomic_write, caches_dir, warn_once
+from .files import atomic_write
+from .store import PieceCache, caches_dir, warn_once
 
 logger = logging.getLogger("atom_compile")
 

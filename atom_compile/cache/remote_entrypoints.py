@@ -19,7 +19,8 @@ from typing import Optional
 from .._version import __version__
 from . import signing, trust
 from .remote import PREFIX, Refused, RemoteTier, Unavailable
-from .store import HASH_RE, PieceCache, atomic_write, caches_dir
+from .files import atomic_write
+from .store import HASH_RE, PieceCache, caches_dir
 
 ENTRYPOINTS = "entrypoints"  # the directory aot.py writes entry points to, under caches_dir
 

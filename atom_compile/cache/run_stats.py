@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import trust
-from .store import atomic_write
+from .files import atomic_write
 
 logger = logging.getLogger("atom_compile")
 

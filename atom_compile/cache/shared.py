@@ -33,7 +33,8 @@ import filelock
 from . import trust
 from .index import INDEX_FILE, SHA_RE, check_rel_path
 from .scratch import SCRATCH_DIR as SCRATCH_DIR_NAME
-from .store import PieceCache, atomic_write, damage, digest_problem, warn_once
+from .files import atomic_write
+from .store import PieceCache, damage, digest_problem, warn_once
 
 logger = logging.getLogger("atom_compile")
 

@@ -30,7 +30,7 @@ import filelock
 from .. import envs
 from ..errors import AtomValueError, IndexInvalid
 from . import scratch, trust
-from .files import atomic_write, sha256_file  # noqa: F401  (re-exported, as the index names below)
+from .files import atomic_write
 from .index import (  # noqa: F401  (re-exported: the layout's readers import them from here)
     INDEX_FILE,
     INDEX_FORMAT,

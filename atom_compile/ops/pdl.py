@@ -4,8 +4,8 @@ A decode step is some 130 kernels of a few microseconds each, and between two ke
 stream the GPU drains the first before it starts launching the second. Launched with PDL, a
 kernel may be scheduled as soon as every program of the kernel before it has either finished
 or called `gdc_launch_dependents`; it then waits in `gdc_wait` until that kernel has finished
-and its writes are visible. So the launch and the scheduling of its programs overlap the tail of the kernel
-before. Our kernels wait first and read nothing before: what the kernel before writes may be
+and its writes are visible. So the launch and the scheduling of its programs overlap the tail
+of the kernel before. Our kernels wait first and read nothing before: what the kernel before writes may be
 anything they read, weights included (an engine that copies new weights in right before a
 step). They then let the next kernel launch at once (`gdc_launch_dependents`).
 

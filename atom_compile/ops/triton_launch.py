@@ -71,6 +71,13 @@ def _spec_key(args: tuple, constexprs: dict, num_warps: int) -> tuple:
     return (_current_device(), num_warps, *[_KEYS.get(type(a), _other_key)(a) for a in args], *constexprs.values())
 
 
+def _launch_options(constexprs: dict) -> dict:
+    """Triton launch options a kernel's constexprs call for: a kernel whose PDL constexpr is set
+    waits for the kernel before, so only it may be launched early (ops/pdl.py); launch_pdl
+    becomes part of the compiled kernel's metadata, which the direct launch then uses."""
+    return {"launch_pdl": True} if constexprs.get("PDL") else {}
+
+
 class FastLaunch:
     """A Triton JIT kernel launched with its compiled kernel cached per specialisation.
 
@@ -85,19 +92,15 @@ class FastLaunch:
     def __call__(self, grid: tuple[int, int, int], args: tuple, constexprs: dict, num_warps: int = 4) -> None:
         """Launch on the current stream; `grid` has all three dimensions."""
         if not self.direct:
-            self.kernel[grid](*args, **constexprs, num_warps=num_warps,
-                              **({"launch_pdl": True} if constexprs.get("PDL") else {}))
+            self.kernel[grid](*args, **constexprs, num_warps=num_warps, **_launch_options(constexprs))
             return
         compiled = self.compiled.get(key := _spec_key(args, constexprs, num_warps))
         if compiled is not None:
             compiled[grid](*args, *constexprs.values())
             return
-        # a compile here after warm-up is reported with these shapes; its files go to our cache.
-        # A kernel whose PDL constexpr is set waits for the kernel before: only then may it be
-        # launched early (ops/pdl.py); launch_pdl is part of the compiled kernel's metadata.
-        options = {"launch_pdl": True} if constexprs.get("PDL") else {}
+        # a compile here after warm-up is reported with these shapes; its files go to our cache
         with jit_watch.launching(args), kernel_dir.compiling():
-            compiled = self.kernel[grid](*args, **constexprs, num_warps=num_warps, **options)
+            compiled = self.kernel[grid](*args, **constexprs, num_warps=num_warps, **_launch_options(constexprs))
         if hasattr(compiled, "result"):  # an asynchronous compile's future
             compiled = compiled.result()
         if compiled is None or not callable(getattr(compiled, "__getitem__", None)) or not self._ordered(args, constexprs):

@@ -49,7 +49,7 @@ def warmed(cold) -> Path:
 
 def _assert_cache_sound(root: Path) -> None:
     """The index parses and every artifact it names matches its recorded digest."""
-    from atom_compile.cache.store import sha256_file
+    from atom_compile.cache.files import sha256_file
 
     path, index = _index(root)
     assert index["entries"]
