@@ -67,6 +67,10 @@ class CompilationConfig:
     # precision projections call atom::small_m_linear: a Triton GEMV at one row, F.linear else.
     # Keyed the same way; it changes nothing on CPU.
     small_m_linear_pass: bool = True
+    # The built-in post-grad pass (backends/norm_linear_pass.py) that puts an RMSNorm (and the
+    # residual add before it) into the small-M projection that reads it: one launch at one
+    # token. Off until measured on a GPU; needs small_m_linear_pass. Keyed when on.
+    norm_linear_pass: bool = False
     inductor_compile_config: dict = field(default_factory=dict)
     debug_dump_path: str = ""
     cache_dir: str = ""
@@ -86,17 +90,13 @@ class CompilationConfig:
 
     def __post_init__(self) -> None:
         self.level = CompilationLevel.parse(self.level, "CompilationConfig.level")
-        self.use_cudagraph = _check_bool("CompilationConfig.use_cudagraph", self.use_cudagraph)
-        self.cudagraph_copy_inputs = _check_bool(
-            "CompilationConfig.cudagraph_copy_inputs", self.cudagraph_copy_inputs
-        )
-        self.use_inductor = _check_bool("CompilationConfig.use_inductor", self.use_inductor)
-        self.require_cache = _check_bool("CompilationConfig.require_cache", self.require_cache)
-        self.use_inductor_graph_partition = _check_bool(
-            "CompilationConfig.use_inductor_graph_partition", self.use_inductor_graph_partition)
-        self.trace_layers_once = _check_bool("CompilationConfig.trace_layers_once", self.trace_layers_once)
-        self.residual_add_pass = _check_bool("CompilationConfig.residual_add_pass", self.residual_add_pass)
-        self.small_m_linear_pass = _check_bool("CompilationConfig.small_m_linear_pass", self.small_m_linear_pass)
+        for name in ("use_cudagraph", "cudagraph_copy_inputs", "use_inductor", "require_cache",
+                     "use_inductor_graph_partition", "trace_layers_once", "residual_add_pass",
+                     "small_m_linear_pass", "norm_linear_pass"):
+            setattr(self, name, _check_bool(f"CompilationConfig.{name}", getattr(self, name)))
+        if self.norm_linear_pass and not self.small_m_linear_pass:
+            raise ConfigError("CompilationConfig.norm_linear_pass", True,
+                              "True only with small_m_linear_pass (it fuses norms into that pass's calls)")
         if self.cudagraph_mode is not None:
             self.cudagraph_mode = CUDAGraphMode.parse(
                 self.cudagraph_mode, "CompilationConfig.cudagraph_mode"
@@ -196,6 +196,8 @@ class CompilationConfig:
         for name in ("residual_add_pass", "small_m_linear_pass"):  # keyed when off (on is the default)
             if not getattr(self, name):
                 factors[name] = False
+        if self.norm_linear_pass:  # keyed when on (off is the default)
+            factors["norm_linear_pass"] = True
         return factors
 
     def compute_hash(self) -> str:

@@ -2,7 +2,8 @@
 
 Arms, in one run: eager; torch.compile; torch.compile(mode="reduce-overhead") and
 mode="max-autotune" of the same model; atom-compile level 3 with cudagraph_mode NONE, FULL and
-TR_HYBRID, each also as `-sizes` (compile_sizes = the batches <= 8: per-size pieces); and
+TR_HYBRID, each also as `-sizes` (compile_sizes = the batches <= 8: per-size pieces) and as
+`-fused` (norm_linear_pass: each RMSNorm in the prologue of the projection after it); and
 `peer`, a plain-PyTorch decoder of the same dimensions (static KV, SDPA,
 benchmarks/_peer_decoder.py) under torch.compile(mode="reduce-overhead"), one compile per batch.
 Batches of 1, 8, 32 and 128 sequences, each with a 1k-token context already in the paged KV
@@ -115,8 +116,10 @@ def run_arm(name: str, batches: list[int], context: int, steps: int, block: int)
     if name.startswith("atom"):
         mode = name.split("-")[1].upper()
         cc = {"level": 3, "cudagraph_mode": mode}
-        if name.endswith("-sizes"):
+        if "-sizes" in name:
             cc["compile_sizes"] = [b for b in batches if b <= 8]  # decode's few-token sizes
+        if "-fused" in name:
+            cc["norm_linear_pass"] = True  # the norms into the projections' prologues
         # max_num_seqs 512: the default ladder, [1..8] + range(16, 513, 16), 40 sizes
         max_seqs = max(max_seqs, 512)
         cfg, model, builder, bps = build(cc, max_seqs, context, block)
@@ -248,7 +251,7 @@ def _ratio(arms: dict, num: str, den: str, batches: list[int]) -> str:
 def _goals(results: dict, batches: list[int], llama) -> None:
     """Issue 15's goals, for whichever arms ran (the -sizes arms stand in for their mode)."""
     arms, floors, extra = results["arms"], results["floor_ms_per_batch"], results["extra"]
-    for suffix in ("", "-sizes"):
+    for suffix in ("", "-sizes", "-fused"):
         full, hybrid = f"atom-full{suffix}", f"atom-tr_hybrid{suffix}"
         if full not in arms:
             continue

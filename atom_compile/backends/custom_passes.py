@@ -16,9 +16,13 @@ import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from ..config import DEFAULT_SPLITTING_OPS, CompilationConfig
+# the ops the built-in passes put into pieces, registered before any saved piece that calls
+# them is loaded (a warm start of a model that imports neither)
+from ..ops import linear, norm_linear  # noqa: F401
 from ..passes import pass_factors, resolve_pass
 from . import graph_partition
 from .residual_add import ResidualAddPass
+from .norm_linear_pass import NormLinearPass
 from .small_m_pass import SmallMLinearPass
 
 POST_PASS_KEY = "post_grad_custom_post_pass"
@@ -52,7 +56,7 @@ class PostGradPasses(CustomGraphPass):
 
 def compiler_config(cc: CompilationConfig) -> dict[str, Any]:
     """The Inductor options a piece compiles with: inductor_compile_config, the passes (the
-    built-in ones first, those that are on: residual add, then small-M linear), Inductor
+    built-in ones first, those that are on: residual add, small-M linear, norm into linear), Inductor
     graph partition's (when use_inductor_graph_partition is on) and PDL on where Inductor has
     it (inductor_compile_config={"triton.enable_pdl": False} keeps it off)."""
     out = dict(cc.inductor_compile_config)
@@ -63,7 +67,8 @@ def compiler_config(cc: CompilationConfig) -> dict[str, Any]:
         # (ops/pdl.py); a decode step is some 130 kernels of a few microseconds each
         out[PDL_OPTION] = True
     passes = ([ResidualAddPass()] if cc.residual_add_pass else []) \
-        + ([SmallMLinearPass()] if cc.small_m_linear_pass else []) + list(cc.inductor_passes)
+        + ([SmallMLinearPass()] if cc.small_m_linear_pass else []) \
+        + ([NormLinearPass()] if cc.norm_linear_pass else []) + list(cc.inductor_passes)
     if passes:
         out[POST_PASS_KEY] = PostGradPasses(passes)
     return out

@@ -41,12 +41,18 @@ _tuned: dict[tuple, tuple[int, int, int]] = {}
 @triton.jit
 def _small_m_linear_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+    r_ptr, h_ptr, nw_ptr, stride_rm, eps,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    USE_DOT: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
+    USE_DOT: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, NORM: tl.constexpr, ADD: tl.constexpr,
 ):
     # One token (BLOCK_M 1): a plain GEMV, weight row by x, reduced along K in float32.
     # More tokens: tensor-core dots with the rows padded to BLOCK_M = 16 (reading the weight
     # once is the cost either way; the padding is free arithmetic).
+    # NORM (GEMV only): x is RMS-normalised on the way in, y = rms_norm(x) * nw @ w.T. The
+    # program streams all of x along K anyway, so the sum of squares comes with it and the row's
+    # 1 / rms scales the dot at the end: no norm kernel before, no normalised row in memory.
+    # ADD: x + r first (rounded to x's dtype, as the separate add would be), program 0 writing
+    # the sum to h (the residual stream the model reads next).
     if PDL:  # launched early (ops/pdl.py): read nothing before the kernel before has finished
         wait_then_release()
     pid = tl.program_id(0)
@@ -58,10 +64,22 @@ def _small_m_linear_kernel(
     x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
     w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    squares = tl.zeros([BLOCK_M], tl.float32)
     for k in range(0, K, BLOCK_K):
         k_mask = (k + offs_k) < K
         x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        if ADD:  # h is contiguous: row stride K
+            cols = k + offs_k[None, :]
+            xk_mask = m_mask[:, None] & k_mask[None, :]
+            r = tl.load(r_ptr + offs_m[:, None] * stride_rm + cols, mask=xk_mask, other=0.0)
+            x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+            if pid == 0:
+                tl.store(h_ptr + offs_m[:, None] * K + cols, x, mask=xk_mask)
+        if NORM:
+            xf = x.to(tl.float32)
+            squares += tl.sum(xf * xf, axis=1)
+            x = xf * tl.load(nw_ptr + k + offs_k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
         if USE_DOT:
             if IEEE:
                 acc += tl.dot(x, tl.trans(w), input_precision="ieee")
@@ -71,6 +89,8 @@ def _small_m_linear_kernel(
             acc += tl.sum(x.to(tl.float32) * w.to(tl.float32), axis=1)[None, :]
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+    if NORM:
+        acc *= tl.rsqrt(squares / K + eps)[:, None]
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
@@ -92,16 +112,21 @@ def _fits(config: tuple[int, int, int], block_m: int) -> bool:
     return block_n * block_k <= 64 * 32 * warps
 
 
-def _launch(x, weight, bias, out, config) -> None:
+def _launch(x, weight, bias, out, config, norm=None) -> None:
+    """`norm`: None, or (norm weight, eps, residual or None, h or None) for the NORM prologue."""
     block_n, block_k, warps = config
     m, k = x.shape
     n = weight.shape[0]
     dummy = bias if bias is not None else weight
+    nw, eps, residual, h = norm if norm is not None else (weight, 0.0, None, None)
     _linear_launch(
         (cdiv(n, block_n), 1, 1),
-        (x, weight, dummy, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0)),
+        (x, weight, dummy, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
+         residual if residual is not None else x, h if h is not None else out, nw,
+         residual.stride(0) if residual is not None else x.stride(0), float(eps)),
         {"HAS_BIAS": bias is not None, "BLOCK_M": _block_m(m), "BLOCK_N": block_n, "BLOCK_K": block_k,
-         "USE_DOT": _block_m(m) > 1, "IEEE": x.dtype == torch.float32, "PDL": pdl.enabled(x.device)},
+         "USE_DOT": _block_m(m) > 1, "IEEE": x.dtype == torch.float32, "PDL": pdl.enabled(x.device),
+         "NORM": norm is not None, "ADD": residual is not None},
         num_warps=warps,
     )
 
@@ -174,3 +199,13 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
             _tuned[key] = config
     _launch(x, weight, bias, out, config)
     return out
+
+
+def rms_norm_linear(x: torch.Tensor, residual: Optional[torch.Tensor], norm_weight: torch.Tensor, eps: float,
+                    weight: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(rms_norm(x [+ residual]) * norm_weight @ weight.T, the sum or None) for one row that
+    `supported` accepts (with no bias), in one launch: the norm is the GEMV's prologue."""
+    out = torch.empty((1, weight.shape[0]), dtype=x.dtype, device=x.device)
+    h = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None else None
+    _launch(x, weight, None, out, gemv_config(x.shape[1]), norm=(norm_weight, eps, residual, h))
+    return out, h

@@ -14,7 +14,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def env(**extra: str) -> dict:
-    out = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    # PYTHONFAULTHANDLER: a rank killed by a signal (a native abort) prints its Python stack
+    out = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+               PYTHONFAULTHANDLER="1")
     out.update(extra)
     return out
 

@@ -7,10 +7,13 @@ would end the whole group when one worker dies, which is the point of the test.
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 import tarfile
 import time
+import warnings
 
 import pytest
 
@@ -64,14 +67,26 @@ def test_owner_count_follows_the_work_unless_set():
 
 def _torchrun(tmp_path, name: str, cache_root, *extra: str, owners: str = "auto") -> list[dict]:
     out = tmp_path / f"{name}-{{rank}}.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(JOB),
-         "--cache-root", str(cache_root), "--out", str(out), "--layers", "1", *extra],
-        capture_output=True, text=True, env=env(OMP_NUM_THREADS="1", ATOM_COMPILE_GROUP_OWNERS=owners), timeout=300)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(JOB),
+           "--cache-root", str(cache_root), "--out", str(out), "--layers", "1", *extra]
+    run_env = env(OMP_NUM_THREADS="1", ATOM_COMPILE_GROUP_OWNERS=owners)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=run_env, timeout=300)
+    if proc.returncode != 0 and _native_abort(proc.stderr):
+        # Seen once in CI on torch 2.14.1 (2 cores, not reproduced in 20 runs since): a rank
+        # aborted in native code mid-compile ("terminate called without an active exception").
+        # Reported with its Python stack (PYTHONFAULTHANDLER) and run once more from the same
+        # start; a second abort, or any other failure, fails the test.
+        warnings.warn(f"torchrun {name}: a rank aborted in native code; run again. "
+                      f"stderr tail:\n{proc.stderr[-3000:]}")
+        if name == "cold":
+            shutil.rmtree(cache_root, ignore_errors=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=run_env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    import json
-
     return [json.loads((tmp_path / f"{name}-{r}.json").read_text()) for r in range(2)]
+
+
+def _native_abort(stderr: str) -> bool:
+    return "SIGABRT" in stderr or "terminate called" in stderr
 
 
 def test_torchrun_group_compiles_each_piece_once_on_one_owner(tmp_path):

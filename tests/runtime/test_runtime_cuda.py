@@ -149,6 +149,20 @@ def test_greedy_decode_matches_eager(mode, level, baselines):
         assert info["captured"] == len(CAPTURE)
 
 
+def test_norms_fused_into_projections_decode_as_eager(baselines):
+    """norm_linear_pass: every RMSNorm of the layers is the prologue of the projection after it
+    (one launch at one token; the norm kernel and cuBLAS above), under FULL graphs."""
+    root, base = baselines
+    expect = base[3]
+    engine, info = _run(CUDAGraphMode.FULL, 3, root, forced=expect.trace, norm_linear_pass=True)
+    for i, ((_, logits), (_, want_logits)) in enumerate(zip(engine.trace, expect.trace)):
+        torch.testing.assert_close(logits, want_logits, atol=3e-2, rtol=3e-2, msg=lambda m: f"step {i}: {m}")
+    code = "\n".join(p.read_text() for p in root.rglob("*.py") if "def call(" in p.read_text())
+    # two norms a layer; the first layer's input norm has no residual add before it
+    assert code.count("torch.ops.atom.add_rms_norm_linear.default(") >= 2 * LLAMA.num_layers - 1
+    assert info["replayed"] > 0
+
+
 def test_level3_matches_level0_within_bf16_tolerance(baselines):
     _, base = baselines
     for (_, a), (_, b) in zip(base[0].trace[:1], base[3].trace[:1]):  # same inputs only on the first step

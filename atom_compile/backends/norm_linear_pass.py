@@ -1,0 +1,183 @@
+"""A built-in post-grad pass: a CUDA piece's RMSNorm goes into the projection that reads it.
+
+After the small-M pass (backends/small_m_pass.py) a decode layer is GEMV, norm, GEMV, ...: the
+norm (with the residual add before it, which Inductor fuses into it) is a kernel of its own,
+two per layer, each a launch and a trip of the row through memory. This pass finds
+`atom::small_m_linear(rms_norm(h) * w, W, None)` and calls `atom::rms_norm_linear(h, w, eps, W)`
+instead, or, where `h` is a residual add `a + b`, `atom::add_rms_norm_linear(a, b, w, eps, W)`,
+whose second output is the sum that the rest of the graph reads (ops/norm_linear.py: one launch
+at one token, the norm kernel and the projection above).
+
+The norm is matched as the models spell it and Inductor's decompositions leave it, in 2-D:
+`w * (float(h) * rsqrt(mean(float(h) ** 2, -1, keepdim) + eps)).to(h.dtype)`, factors in either
+order, `x * x` for the square. Anything else (a norm with an offset weight, 3-D rows, a float32
+model) is left as it is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import operator
+from typing import Optional
+
+import torch
+import torch.fx as fx
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+aten, prims = torch.ops.aten, torch.ops.prims
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _call(node: object, *targets) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
+
+
+def _val(node: object) -> Optional[torch.Tensor]:
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return val if isinstance(val, torch.Tensor) else None
+
+
+def _cast(node: object, dtype: torch.dtype) -> Optional[fx.Node]:
+    """The input of `node` where it is a cast to `dtype`, else None."""
+    if _call(node, prims.convert_element_type.default) and node.args[1] == dtype:
+        return node.args[0]
+    return None
+
+
+def _other(node: fx.Node, pred) -> Optional[tuple[object, object]]:
+    """(the factor that satisfies `pred`, the other) of a two-factor mul, either order."""
+    if not _call(node, aten.mul.Tensor) or len(node.args) != 2:
+        return None
+    a, b = node.args
+    return (a, b) if pred(a) else (b, a) if pred(b) else None
+
+
+def _squared_mean(node: object, x: object, dims: int) -> bool:
+    if not (_call(node, aten.mean.dim) and len(node.args) >= 2 and list(node.args[1]) in ([-1], [dims - 1])
+            and (node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False))):
+        return False
+    sq = node.args[0]
+    return (_call(sq, aten.pow.Tensor_Scalar) and sq.args[0] is x and sq.args[1] == 2) \
+        or (_call(sq, aten.mul.Tensor) and sq.args[0] is x and sq.args[1] is x)
+
+
+def _rstd_eps(node: object, x: object) -> Optional[float]:
+    """eps where `node` is rsqrt(mean(x ** 2, -1, keepdim) + eps), else None."""
+    if not _call(node, aten.rsqrt.default) or not _call(node.args[0], aten.add.Tensor, aten.add.Scalar):
+        return None
+    a, b = node.args[0].args[:2]
+    mean, eps = (a, b) if isinstance(b, (int, float)) else (b, a)
+    dims = _val(x).dim() if _val(x) is not None else 0
+    return float(eps) if isinstance(eps, (int, float)) and _squared_mean(mean, x, dims) else None
+
+
+def match_rms_norm(normed: object) -> Optional[tuple[fx.Node, fx.Node, float]]:
+    """(h, norm weight, eps) where `normed` is the RMSNorm of the 2-D half-precision `h`, else None."""
+    out = _val(normed)
+    if out is None or out.dim() != 2 or out.dtype not in _HALF:
+        return None
+    weight_first = _other(normed, lambda n: _val(n) is not None and _val(n).dim() == 1)
+    if weight_first is None:
+        return None
+    weight, rounded = weight_first
+    scaled = _cast(rounded, out.dtype)
+    parts = _other(scaled, lambda n: _call(n, aten.rsqrt.default)) if isinstance(scaled, fx.Node) else None
+    if parts is None or _val(weight).dtype != out.dtype or tuple(_val(weight).shape) != (out.shape[1],):
+        return None
+    rsqrt, x32 = parts
+    h = _cast(x32, torch.float32)
+    eps = _rstd_eps(rsqrt, x32)
+    if h is None or eps is None or _val(h) is None or _val(h).dtype != out.dtype or _val(h).dim() != 2:
+        return None
+    return h, weight, eps
+
+
+def _residual_add(h: fx.Node) -> Optional[tuple[fx.Node, fx.Node]]:
+    """(a, b) where `h` is `a + b` of two tensors of h's own shape and dtype, else None."""
+    if not _call(h, aten.add.Tensor) or len(h.args) != 2 or h.kwargs.get("alpha", 1) != 1:
+        return None
+    want = _val(h)
+    same = all(_val(t) is not None and tuple(_val(t).shape) == tuple(want.shape) and _val(t).dtype == want.dtype
+               for t in h.args)
+    return (h.args[0], h.args[1]) if same else None
+
+
+def _chain(normed: fx.Node, stop: set) -> list[fx.Node]:
+    """The norm's own nodes: from `normed` back to (not into) the nodes of `stop`."""
+    seen, todo = [], [normed]
+    while todo:
+        node = todo.pop()
+        if node in stop or node in seen or node.op != "call_function":
+            continue
+        seen.append(node)
+        todo.extend(node.all_input_nodes)
+    return seen
+
+
+def _fuse_one(graph: fx.Graph, node: fx.Node, sums: dict, order: dict) -> Optional[list[fx.Node]]:
+    """Rewrite the projection `node` if it reads a norm; the norm's nodes (now maybe dead) or None.
+    `sums` maps a residual add already fused to the fused op's sum."""
+    from ..ops.norm_linear import ops
+
+    plain, with_add = ops()
+    normed = node.args[0]
+    found = match_rms_norm(normed)
+    if found is None:
+        return None
+    h, norm_weight, eps = found
+    operands = _residual_add(h) if h not in sums else None
+    with graph.inserting_before(node):
+        if operands is None:
+            call = graph.call_function(plain, (sums.get(h, h), norm_weight, eps, node.args[1]))
+            call.meta.update(node.meta)
+        else:
+            fused = graph.call_function(with_add, (*operands, norm_weight, eps, node.args[1]))
+            fused.meta["val"] = (node.meta["val"], h.meta["val"])
+            call = graph.call_function(operator.getitem, (fused, 0))
+            call.meta.update(node.meta)
+            sums[h] = graph.call_function(operator.getitem, (fused, 1))
+            sums[h].meta.update(h.meta)
+    node.replace_all_uses_with(call)
+    graph.erase_node(node)
+    if operands is not None:  # the sum's later readers take the fused op's; earlier ones keep h
+        for user in list(h.users):
+            if user in order and order[user] > order[node]:
+                user.replace_input_with(h, sums[h])
+    return _chain(normed, {h, norm_weight}) + [h]
+
+
+def fuse_norm_into_linear(graph: fx.Graph) -> int:
+    """Rewrite each `atom::small_m_linear(rms_norm(h), W, None)` of `graph` as described above;
+    the number rewritten. The norms' nodes left without readers are removed."""
+    from ..ops.linear import op
+
+    target = op()
+    sums: dict = {}
+    dead: list[fx.Node] = []
+    rewritten = 0
+    for node in [n for n in graph.nodes if n.op == "call_function" and n.target is target]:
+        if len(node.args) != 3 or node.args[2] is not None:
+            continue
+        order = {n: i for i, n in enumerate(graph.nodes)}
+        chain = _fuse_one(graph, node, sums, order)
+        if chain is not None:
+            dead.extend(chain)
+            rewritten += 1
+    for node in reversed(list(graph.nodes)):  # the chains' nodes, readers before what they read
+        if node in dead and not node.users:
+            graph.erase_node(node)
+    return rewritten
+
+
+class NormLinearPass(CustomGraphPass):
+    """`fuse_norm_into_linear` as an Inductor custom pass, keyed by its source."""
+
+    def __call__(self, graph: fx.Graph) -> None:
+        fuse_norm_into_linear(graph)
+
+    def uuid(self) -> str:
+        import sys
+
+        source = inspect.getsource(sys.modules[__name__])
+        return hashlib.sha256(source.encode()).hexdigest()[:32]

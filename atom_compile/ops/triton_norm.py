@@ -1,0 +1,67 @@
+"""Triton RMSNorm, with the residual add before it, for the rows the fused GEMV does not take.
+
+`atom::rms_norm_linear` (ops/norm_linear.py) puts the norm into the GEMV's prologue at one row;
+at more rows it runs this kernel (one launch, as Inductor's fused add + norm would be) and then
+the projection. It rounds where the model's own code does: the sum to x's dtype, the normalised
+row to x's dtype before the weight, the product to x's dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from . import pdl
+from .pdl import wait_then_release
+from .triton_launch import FastLaunch, next_power_of_2
+
+MAX_K = 16384  # a whole row per program: wider rows take the PyTorch path
+
+
+@triton.jit
+def _add_rms_norm_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, y_ptr, K, stride_xm, stride_rm, eps,
+                         ADD: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # launched early (ops/pdl.py): read nothing before the kernel before has finished
+        wait_then_release()
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_K)
+    mask = offs < K
+    x = tl.load(x_ptr + row * stride_xm + offs, mask=mask, other=0.0)
+    if ADD:
+        r = tl.load(r_ptr + row * stride_rm + offs, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+        tl.store(h_ptr + row * K + offs, x, mask=mask)
+    xf = x.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / K + eps)
+    normed = (xf * rstd).to(x_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(nw_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * K + offs, (normed * w).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+_norm_launch = FastLaunch(_add_rms_norm_kernel)
+
+
+def supported(x: torch.Tensor, residual: Optional[torch.Tensor], norm_weight: torch.Tensor) -> bool:
+    """2-D CUDA rows of at most MAX_K, unit inner strides, norm weight (and residual) alike."""
+    ok = (x.dim() == 2 and x.is_cuda and 0 < x.shape[1] <= MAX_K and x.stride(1) == 1
+          and norm_weight.shape == (x.shape[1],) and norm_weight.stride(0) == 1 and norm_weight.dtype == x.dtype)
+    return ok and (residual is None or (residual.shape == x.shape and residual.stride(1) == 1
+                                        and residual.dtype == x.dtype))
+
+
+def add_rms_norm(x: torch.Tensor, residual: Optional[torch.Tensor], norm_weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(rms_norm(x [+ residual]) * norm_weight, the sum or None) for rows `supported` accepts."""
+    m, k = x.shape
+    y = torch.empty((m, k), dtype=x.dtype, device=x.device)
+    h = torch.empty((m, k), dtype=x.dtype, device=x.device) if residual is not None else None
+    if m == 0:
+        return y, h
+    r = residual if residual is not None else x
+    _norm_launch((m, 1, 1), (x, r, h if h is not None else y, norm_weight, y, k, x.stride(0), r.stride(0), float(eps)),
+                 {"ADD": residual is not None, "BLOCK_K": next_power_of_2(k), "PDL": pdl.enabled(x.device)},
+                 num_warps=4 if k <= 4096 else 8)
+    return y, h

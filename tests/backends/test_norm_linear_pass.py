@@ -1,0 +1,129 @@
+"""The built-in norm-into-projection pass: a CUDA piece's RMSNorm (and the residual add before
+it) becomes the prologue of the projection that reads it (atom::rms_norm_linear,
+atom::add_rms_norm_linear), on graphs spelled as Inductor's post-grad graphs are."""
+
+import operator
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from atom_compile.backends.norm_linear_pass import fuse_norm_into_linear, match_rms_norm
+from atom_compile.ops.linear import op as small_m_linear_op
+from atom_compile.ops.norm_linear import ops as norm_linear_ops
+
+aten, prims = torch.ops.aten, torch.ops.prims
+BF16 = torch.bfloat16
+
+
+def _norm(h, w, eps=1e-5, square="pow", weight_first=True):
+    x32 = prims.convert_element_type.default(h, torch.float32)
+    sq = aten.pow.Tensor_Scalar(x32, 2) if square == "pow" else aten.mul.Tensor(x32, x32)
+    rstd = aten.rsqrt.default(aten.add.Tensor(aten.mean.dim(sq, [-1], True), eps))
+    rounded = prims.convert_element_type.default(aten.mul.Tensor(x32, rstd), h.dtype)
+    return aten.mul.Tensor(w, rounded) if weight_first else aten.mul.Tensor(rounded, w)
+
+
+def _layer(o, r, nw1, wq, wk, down, nw2, wgu):
+    """A decode layer's tail as the post-grad graph has it: residual add, norm, two projections
+    of the normed row, an early reader of the sum, a later residual add; a second norm of the
+    x * x spelling, weight second, with no add before it."""
+    linear = small_m_linear_op()
+    h = aten.add.Tensor(o, r)
+    early = aten.mul.Tensor(h, 2)  # before the projections: keeps the add's own output
+    normed = _norm(h, nw1)
+    q = linear(normed, wq, None)
+    k = linear(normed, wk, None)
+    later = aten.add.Tensor(down, h)
+    gu = linear(_norm(later, nw2, eps=1e-6, square="mul", weight_first=False), wgu, None)
+    return q, k, early, later, gu
+
+
+def _inputs(device, gen=None):
+    def t(*shape):
+        return torch.randn(*shape, generator=gen).to(BF16) if gen is not None \
+            else torch.empty(*shape, dtype=BF16, device=device)
+
+    return (t(1, 16), t(1, 16), t(16), t(8, 16), t(4, 16), t(1, 16), t(16), t(12, 16))
+
+
+def _trace(fn, device="cuda"):
+    with FakeTensorMode():  # fake CUDA tensors need no GPU
+        args = _inputs(device)
+    return make_fx(fn, tracing_mode="fake")(*args)
+
+
+def _count(gm, target) -> int:
+    return sum(1 for n in gm.graph.nodes if n.op == "call_function" and n.target is target)
+
+
+def test_norms_before_projections_are_fused_and_compute_the_same():
+    gm = _trace(_layer)
+    plain, with_add = norm_linear_ops()
+    assert _count(gm, small_m_linear_op()) == 3
+    assert fuse_norm_into_linear(gm.graph) == 3
+    gm.graph.lint()
+    gm.recompile()
+    assert _count(gm, small_m_linear_op()) == 0
+    # q and gu take their residual adds; k reads the sum q's op made
+    assert _count(gm, with_add) == 2 and _count(gm, plain) == 1
+    k_call = next(n for n in gm.graph.nodes if n.target is plain)
+    assert k_call.args[0].target is operator.getitem and k_call.args[0].args[0].target is with_add
+    assert _count(gm, aten.rsqrt.default) == 0 and _count(gm, aten.mean.dim) == 0  # the norms are gone
+    # the early reader keeps the first add (the only add left); the later add is gu's op's, and
+    # it reads the sum of q's op
+    [add] = [n for n in gm.graph.nodes if n.target is aten.add.Tensor]
+    assert [u.target for u in add.users] == [aten.mul.Tensor]
+    gu_call = [n for n in gm.graph.nodes if n.target is with_add][1]
+    assert gu_call.args[1].target is operator.getitem
+    args = _inputs("cpu", torch.Generator().manual_seed(0))
+    for got, want in zip(gm(*args), _layer(*args)):
+        torch.testing.assert_close(got, want)
+
+
+def test_a_computed_norm_weight_is_an_input_of_the_op():
+    """Gemma's norm multiplies by (1 + w): the sum is a node the fused op reads."""
+    def f(h, w, wq):
+        return small_m_linear_op()(_norm(h, aten.add.Tensor(w, 1)), wq, None)
+
+    with FakeTensorMode():
+        args = (torch.empty(1, 16, dtype=BF16, device="cuda"), torch.empty(16, dtype=BF16, device="cuda"),
+                torch.empty(8, 16, dtype=BF16, device="cuda"))
+    gm = make_fx(f, tracing_mode="fake")(*args)
+    assert fuse_norm_into_linear(gm.graph) == 1
+    gm.recompile()
+    gen = torch.Generator().manual_seed(1)
+    real = (torch.randn(1, 16, generator=gen).to(BF16), torch.randn(16, generator=gen).to(BF16),
+            torch.randn(8, 16, generator=gen).to(BF16))
+    torch.testing.assert_close(gm(*real), f(*real))
+
+
+@pytest.mark.parametrize("variant", ["fp32", "no_keepdim"])
+def test_other_norms_are_left_alone(variant):
+    linear = small_m_linear_op()
+
+    def f(h, w, wq):
+        if variant == "fp32":
+            return linear(_norm(h.float(), w.float()).to(BF16), wq, None)
+        x32 = prims.convert_element_type.default(h, torch.float32)
+        rstd = aten.rsqrt.default(aten.add.Tensor(aten.mean.dim(aten.pow.Tensor_Scalar(x32, 2), [-1]), 1e-5))
+        return linear(aten.mul.Tensor(w, prims.convert_element_type.default(aten.mul.Tensor(x32, rstd), BF16)),
+                      wq, None)
+
+    with FakeTensorMode():
+        args = (torch.empty(1, 16, dtype=BF16, device="cuda"), torch.empty(16, dtype=BF16, device="cuda"),
+                torch.empty(8, 16, dtype=BF16, device="cuda"))
+    try:
+        gm = make_fx(f, tracing_mode="fake")(*args)
+    except RuntimeError:  # a spelling that does not even trace: nothing to match
+        pytest.skip("does not trace")
+    assert fuse_norm_into_linear(gm.graph) == 0
+    assert _count(gm, small_m_linear_op()) == 1
+
+
+def test_match_names_the_parts():
+    gm = _trace(_layer)
+    normed = next(n for n in gm.graph.nodes if n.target is small_m_linear_op()).args[0]
+    h, weight, eps = match_rms_norm(normed)
+    assert h.target is aten.add.Tensor and weight.op == "placeholder" and eps == 1e-5

@@ -1,0 +1,95 @@
+"""The RMSNorm prologue of the one-row GEMV and the add + RMSNorm kernel, against the model's
+own PyTorch (ops/norm_linear._reference), on CPU through Triton's interpreter (TRITON_INTERPRET=1):
+with and without the residual add, ragged K (one step and a K loop), every one-row block shape,
+fp16 and bf16."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run through TRITON_INTERPRET=1"
+    from atom_compile.ops import norm_linear, triton_linear, triton_norm
+
+    return norm_linear, triton_linear, triton_norm
+
+
+def _case(m, n, k, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(m, k, generator=g) * 3).to(dtype)
+    r = torch.randn(m, k, generator=g).to(dtype)
+    nw = (1 + torch.randn(k, generator=g) / 4).to(dtype)
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(dtype)
+    return x, r, nw, w
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("k", [48, 300, 3000])
+@pytest.mark.parametrize("add", [False, True])
+def test_gemv_with_the_norm_prologue(kernels, dtype, k, add):
+    norm_linear, tri, _ = kernels
+    x, r, nw, w = _case(1, 37, k, dtype, seed=k)
+    normed, h_want = norm_linear._reference(x, r if add else None, nw, 1e-5)
+    want = torch.nn.functional.linear(normed.float(), w.float())
+    tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
+    for config in [tri.gemv_config(k), (4, 128, 4), (1, 64, 2)]:
+        out = torch.full((1, 37), float("nan"), dtype=dtype)
+        h = torch.full_like(x, float("nan")) if add else None
+        tri._launch(x, w, None, out, config, norm=(nw, 1e-5, r if add else None, h))
+        torch.testing.assert_close(out.float(), want, atol=tol, rtol=tol, msg=f"config {config}")
+        if add:  # the sum rounded as the model's own add
+            _same_sum(h, h_want)
+    y, h = tri.rms_norm_linear(x, r if add else None, nw, 1e-5, w)
+    torch.testing.assert_close(y.float(), want, atol=tol, rtol=tol)
+    assert (h is None) == (not add)
+    if add:
+        _same_sum(h, h_want)
+
+
+def _same_sum(h, want):
+    # fp16: exactly. bf16: the interpreter converts float32 to bf16 by truncation (the GPU
+    # rounds to nearest even, as PyTorch does): within one bf16 step
+    if h.dtype == torch.float16:
+        assert torch.equal(h, want)
+    else:
+        torch.testing.assert_close(h, want, atol=0, rtol=2 ** -7)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("m,k", [(1, 64), (5, 300), (3, 4096)])
+@pytest.mark.parametrize("add", [False, True])
+def test_add_rms_norm_rounds_as_the_model(kernels, dtype, m, k, add):
+    norm_linear, _, norm = kernels
+    x, r, nw, _ = _case(m, 8, k, dtype, seed=m * k)
+    want, h_want = norm_linear._reference(x, r if add else None, nw, 1e-6)
+    y, h = norm.add_rms_norm(x, r if add else None, nw, 1e-6)
+    if add and dtype == torch.bfloat16:  # from the kernel's sum (see _same_sum)
+        want = norm_linear._reference(h, None, nw, 1e-6)[0]
+    # the same roundings in the same places: equal but for the float32 sum's order
+    torch.testing.assert_close(y, want, atol=1e-6, rtol=2 ** -6)
+    assert (h is None) == (not add)
+    if add:
+        _same_sum(h, h_want)
+
+
+def test_strided_rows(kernels):
+    norm_linear, tri, norm = kernels
+    big = torch.randn(4, 160).to(torch.float16)
+    x, r = big[:, :64], big[:, 80:144]  # rows 160 apart
+    nw = torch.rand(64).to(torch.float16) + 0.5
+    w = torch.randn(16, 64).to(torch.float16) / 8
+    want, h_want = norm_linear._reference(x, r, nw, 1e-5)
+    y, h = norm.add_rms_norm(x, r, nw, 1e-5)
+    torch.testing.assert_close(y, want, atol=1e-6, rtol=2 ** -6)
+    assert torch.equal(h, h_want)
+    y1, h1 = tri.rms_norm_linear(x[2:3], r[2:3], nw, 1e-5, w)
+    torch.testing.assert_close(y1.float(), torch.nn.functional.linear(want[2:3].float(), w.float()),
+                               atol=4e-3, rtol=4e-3)
+    assert torch.equal(h1, h_want[2:3])
