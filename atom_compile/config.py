@@ -67,10 +67,10 @@ class CompilationConfig:
     # precision projections call atom::small_m_linear: a Triton GEMV at one row, F.linear else.
     # Keyed the same way; it changes nothing on CPU.
     small_m_linear_pass: bool = True
-    # The built-in post-grad pass (backends/norm_linear_pass.py) that puts an RMSNorm (and the
-    # residual add before it) into the small-M projection that reads it: one launch at one
-    # token. Off until measured on a GPU; needs small_m_linear_pass. Keyed when on.
-    norm_linear_pass: bool = False
+    # The built-in post-grad pass (backends/prologue_pass.py) that puts an RMSNorm (with the
+    # residual add before it) or a SiLU-and-mul into the small-M projection that reads it: one
+    # launch at one token. Off until measured on a GPU; needs small_m_linear_pass. Keyed when on.
+    prologue_pass: bool = False
     inductor_compile_config: dict = field(default_factory=dict)
     debug_dump_path: str = ""
     cache_dir: str = ""
@@ -92,10 +92,10 @@ class CompilationConfig:
         self.level = CompilationLevel.parse(self.level, "CompilationConfig.level")
         for name in ("use_cudagraph", "cudagraph_copy_inputs", "use_inductor", "require_cache",
                      "use_inductor_graph_partition", "trace_layers_once", "residual_add_pass",
-                     "small_m_linear_pass", "norm_linear_pass"):
+                     "small_m_linear_pass", "prologue_pass"):
             setattr(self, name, _check_bool(f"CompilationConfig.{name}", getattr(self, name)))
-        if self.norm_linear_pass and not self.small_m_linear_pass:
-            raise ConfigError("CompilationConfig.norm_linear_pass", True,
+        if self.prologue_pass and not self.small_m_linear_pass:
+            raise ConfigError("CompilationConfig.prologue_pass", True,
                               "True only with small_m_linear_pass (it fuses norms into that pass's calls)")
         if self.cudagraph_mode is not None:
             self.cudagraph_mode = CUDAGraphMode.parse(
@@ -196,8 +196,8 @@ class CompilationConfig:
         for name in ("residual_add_pass", "small_m_linear_pass"):  # keyed when off (on is the default)
             if not getattr(self, name):
                 factors[name] = False
-        if self.norm_linear_pass:  # keyed when on (off is the default)
-            factors["norm_linear_pass"] = True
+        if self.prologue_pass:  # keyed when on (off is the default)
+            factors["prologue_pass"] = True
         return factors
 
     def compute_hash(self) -> str:

@@ -3,7 +3,7 @@
 Arms, in one run: eager; torch.compile; torch.compile(mode="reduce-overhead") and
 mode="max-autotune" of the same model; atom-compile level 3 with cudagraph_mode NONE, FULL and
 TR_HYBRID, each also as `-sizes` (compile_sizes = the batches <= 8: per-size pieces) and as
-`-fused` (norm_linear_pass: each RMSNorm in the prologue of the projection after it); and
+`-fused` (prologue_pass: each RMSNorm in the prologue of the projection after it); and
 `peer`, a plain-PyTorch decoder of the same dimensions (static KV, SDPA,
 benchmarks/_peer_decoder.py) under torch.compile(mode="reduce-overhead"), one compile per batch.
 Batches of 1, 8, 32 and 128 sequences, each with a 1k-token context already in the paged KV
@@ -119,7 +119,7 @@ def run_arm(name: str, batches: list[int], context: int, steps: int, block: int)
         if "-sizes" in name:
             cc["compile_sizes"] = [b for b in batches if b <= 8]  # decode's few-token sizes
         if "-fused" in name:
-            cc["norm_linear_pass"] = True  # the norms into the projections' prologues
+            cc["prologue_pass"] = True  # the norms into the projections' prologues
         # max_num_seqs 512: the default ladder, [1..8] + range(16, 513, 16), 40 sizes
         max_seqs = max(max_seqs, 512)
         cfg, model, builder, bps = build(cc, max_seqs, context, block)

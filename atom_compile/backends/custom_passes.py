@@ -18,11 +18,11 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from ..config import DEFAULT_SPLITTING_OPS, CompilationConfig
 # the ops the built-in passes put into pieces, registered before any saved piece that calls
 # them is loaded (a warm start of a model that imports neither)
-from ..ops import linear, norm_linear  # noqa: F401
+from ..ops import linear, prologue_linear  # noqa: F401
 from ..passes import pass_factors, resolve_pass
 from . import graph_partition
 from .residual_add import ResidualAddPass
-from .norm_linear_pass import NormLinearPass
+from .prologue_pass import ProloguePass
 from .small_m_pass import SmallMLinearPass
 
 POST_PASS_KEY = "post_grad_custom_post_pass"
@@ -68,7 +68,7 @@ def compiler_config(cc: CompilationConfig) -> dict[str, Any]:
         out[PDL_OPTION] = True
     passes = ([ResidualAddPass()] if cc.residual_add_pass else []) \
         + ([SmallMLinearPass()] if cc.small_m_linear_pass else []) \
-        + ([NormLinearPass()] if cc.norm_linear_pass else []) + list(cc.inductor_passes)
+        + ([ProloguePass()] if cc.prologue_pass else []) + list(cc.inductor_passes)
     if passes:
         out[POST_PASS_KEY] = PostGradPasses(passes)
     return out

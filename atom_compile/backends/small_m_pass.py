@@ -23,15 +23,15 @@ aten = torch.ops.aten
 _HALF = (torch.float16, torch.bfloat16)
 
 
-def _transposed_weight(node: object) -> Optional[fx.Node]:
-    """`W` where `node` is `W.T` (aten.t or permute [1, 0]) of a 2-D half-precision CUDA
-    placeholder with unit inner stride; else None."""
+def _transposed_weight(node: object, devices: tuple = ("cuda",)) -> Optional[fx.Node]:
+    """`W` where `node` is `W.T` (aten.t or permute [1, 0]) of a 2-D half-precision placeholder
+    on one of `devices` with unit inner stride; else None."""
     if not isinstance(node, fx.Node) or node.op != "call_function":
         return None
     is_t = node.target is aten.t.default or (node.target is aten.permute.default and list(node.args[1]) == [1, 0])
     weight = node.args[0] if is_t else None
     val = weight.meta.get("val") if isinstance(weight, fx.Node) and weight.op == "placeholder" else None
-    if not isinstance(val, torch.Tensor) or val.dim() != 2 or val.dtype not in _HALF or val.device.type != "cuda":
+    if not isinstance(val, torch.Tensor) or val.dim() != 2 or val.dtype not in _HALF or val.device.type not in devices:
         return None
     return weight if val.stride(1) == 1 else None
 
@@ -41,9 +41,9 @@ def _x_fits(x: object, weight: fx.Node) -> bool:
     return isinstance(val, torch.Tensor) and val.dim() == 2 and val.dtype == weight.meta["val"].dtype
 
 
-def use_small_m_linear(graph: fx.Graph) -> int:
-    """Rewrite each `mm(x, W.T)` of a piece's parameter `W` as `atom::small_m_linear(x, W, None)`;
-    the number rewritten."""
+def use_small_m_linear(graph: fx.Graph, devices: tuple = ("cuda",)) -> int:
+    """Rewrite each `mm(x, W.T)` of a piece's parameter `W` (on one of `devices`: tests take the
+    op's F.linear path on CPU) as `atom::small_m_linear(x, W, None)`; the number rewritten."""
     from ..ops.linear import op
 
     target = op()
@@ -52,7 +52,7 @@ def use_small_m_linear(graph: fx.Graph) -> int:
         if node.op != "call_function" or node.target is not aten.mm.default or len(node.args) != 2:
             continue
         x, wt = node.args
-        weight = _transposed_weight(wt)
+        weight = _transposed_weight(wt, devices)
         if weight is None or not _x_fits(x, weight):
             continue
         with graph.inserting_before(node):

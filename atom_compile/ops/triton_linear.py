@@ -44,6 +44,7 @@ def _small_m_linear_kernel(
     r_ptr, h_ptr, nw_ptr, stride_rm, eps,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_DOT: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, NORM: tl.constexpr, ADD: tl.constexpr,
+    SILU_MUL: tl.constexpr,
 ):
     # One token (BLOCK_M 1): a plain GEMV, weight row by x, reduced along K in float32.
     # More tokens: tensor-core dots with the rows padded to BLOCK_M = 16 (reading the weight
@@ -53,6 +54,8 @@ def _small_m_linear_kernel(
     # 1 / rms scales the dot at the end: no norm kernel before, no normalised row in memory.
     # ADD: x + r first (rounded to x's dtype, as the separate add would be), program 0 writing
     # the sum to h (the residual stream the model reads next).
+    # SILU_MUL (GEMV only): x is silu(x) * r, rounded as the model's two ops round (x the gate,
+    # r the up projection: an MLP's activation in the down projection's prologue).
     if PDL:  # launched early (ops/pdl.py): read nothing before the kernel before has finished
         wait_then_release()
     pid = tl.program_id(0)
@@ -69,10 +72,15 @@ def _small_m_linear_kernel(
         k_mask = (k + offs_k) < K
         x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-        if ADD:  # h is contiguous: row stride K
+        if ADD or SILU_MUL:
             cols = k + offs_k[None, :]
             xk_mask = m_mask[:, None] & k_mask[None, :]
             r = tl.load(r_ptr + offs_m[:, None] * stride_rm + cols, mask=xk_mask, other=0.0)
+        if SILU_MUL:
+            g = x.to(tl.float32)
+            act = (g / (1.0 + tl.exp(-g))).to(x_ptr.dtype.element_ty)
+            x = (act.to(tl.float32) * r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+        if ADD:  # h is contiguous: row stride K
             x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
             if pid == 0:
                 tl.store(h_ptr + offs_m[:, None] * K + cols, x, mask=xk_mask)
@@ -112,13 +120,14 @@ def _fits(config: tuple[int, int, int], block_m: int) -> bool:
     return block_n * block_k <= 64 * 32 * warps
 
 
-def _launch(x, weight, bias, out, config, norm=None) -> None:
-    """`norm`: None, or (norm weight, eps, residual or None, h or None) for the NORM prologue."""
+def _launch(x, weight, bias, out, config, norm=None, up=None) -> None:
+    """`norm`: None, or (norm weight, eps, residual or None, h or None) for the NORM prologue;
+    `up`: None, or the up projection for the SILU_MUL prologue (x the gate)."""
     block_n, block_k, warps = config
     m, k = x.shape
     n = weight.shape[0]
     dummy = bias if bias is not None else weight
-    nw, eps, residual, h = norm if norm is not None else (weight, 0.0, None, None)
+    nw, eps, residual, h = norm if norm is not None else (weight, 0.0, up, None)
     _linear_launch(
         (cdiv(n, block_n), 1, 1),
         (x, weight, dummy, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
@@ -126,7 +135,7 @@ def _launch(x, weight, bias, out, config, norm=None) -> None:
          residual.stride(0) if residual is not None else x.stride(0), float(eps)),
         {"HAS_BIAS": bias is not None, "BLOCK_M": _block_m(m), "BLOCK_N": block_n, "BLOCK_K": block_k,
          "USE_DOT": _block_m(m) > 1, "IEEE": x.dtype == torch.float32, "PDL": pdl.enabled(x.device),
-         "NORM": norm is not None, "ADD": residual is not None},
+         "NORM": norm is not None, "ADD": norm is not None and residual is not None, "SILU_MUL": up is not None},
         num_warps=warps,
     )
 
@@ -209,3 +218,11 @@ def rms_norm_linear(x: torch.Tensor, residual: Optional[torch.Tensor], norm_weig
     h = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None else None
     _launch(x, weight, None, out, gemv_config(x.shape[1]), norm=(norm_weight, eps, residual, h))
     return out, h
+
+
+def silu_mul_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """(silu(gate) * up) @ weight.T for one row that `supported` accepts (with no bias), in one
+    launch: the activation is the GEMV's prologue."""
+    out = torch.empty((1, weight.shape[0]), dtype=gate.dtype, device=gate.device)
+    _launch(gate, weight, None, out, gemv_config(gate.shape[1]), up=up)
+    return out

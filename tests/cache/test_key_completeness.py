@@ -49,7 +49,7 @@ CONFIG_FIELDS = {
     "use_inductor_graph_partition": (True, True),
     "residual_add_pass": (False, True),
     "small_m_linear_pass": (False, True),
-    "norm_linear_pass": (True, True),
+    "prologue_pass": (True, True),
 }
 def _noop_pass(graph) -> None:
     """An Inductor post-grad pass that changes nothing: its source still enters the key."""

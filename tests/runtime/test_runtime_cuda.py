@@ -150,16 +150,18 @@ def test_greedy_decode_matches_eager(mode, level, baselines):
 
 
 def test_norms_fused_into_projections_decode_as_eager(baselines):
-    """norm_linear_pass: every RMSNorm of the layers is the prologue of the projection after it
-    (one launch at one token; the norm kernel and cuBLAS above), under FULL graphs."""
+    """prologue_pass: every RMSNorm and SiLU-and-mul of the layers is the prologue of the
+    projection after it (one launch at one token; a row-wise kernel and cuBLAS above), under
+    FULL graphs."""
     root, base = baselines
     expect = base[3]
-    engine, info = _run(CUDAGraphMode.FULL, 3, root, forced=expect.trace, norm_linear_pass=True)
+    engine, info = _run(CUDAGraphMode.FULL, 3, root, forced=expect.trace, prologue_pass=True)
     for i, ((_, logits), (_, want_logits)) in enumerate(zip(engine.trace, expect.trace)):
         torch.testing.assert_close(logits, want_logits, atol=3e-2, rtol=3e-2, msg=lambda m: f"step {i}: {m}")
     code = "\n".join(p.read_text() for p in root.rglob("*.py") if "def call(" in p.read_text())
     # two norms a layer; the first layer's input norm has no residual add before it
     assert code.count("torch.ops.atom.add_rms_norm_linear.default(") >= 2 * LLAMA.num_layers - 1
+    assert code.count("torch.ops.atom.silu_mul_linear.default(") >= LLAMA.num_layers
     assert info["replayed"] > 0
 
 

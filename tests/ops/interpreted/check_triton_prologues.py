@@ -1,5 +1,5 @@
 """The RMSNorm prologue of the one-row GEMV and the add + RMSNorm kernel, against the model's
-own PyTorch (ops/norm_linear._reference), on CPU through Triton's interpreter (TRITON_INTERPRET=1):
+own PyTorch (ops/prologue_linear._reference), on CPU through Triton's interpreter (TRITON_INTERPRET=1):
 with and without the residual add, ragged K (one step and a K loop), every one-row block shape,
 fp16 and bf16."""
 
@@ -16,9 +16,9 @@ triton = pytest.importorskip("triton")
 @pytest.fixture(scope="module")
 def kernels():
     assert os.environ.get("TRITON_INTERPRET") == "1", "run through TRITON_INTERPRET=1"
-    from atom_compile.ops import norm_linear, triton_linear, triton_norm
+    from atom_compile.ops import prologue_linear, triton_linear, triton_rowwise
 
-    return norm_linear, triton_linear, triton_norm
+    return prologue_linear, triton_linear, triton_rowwise
 
 
 def _case(m, n, k, dtype, seed):
@@ -34,9 +34,9 @@ def _case(m, n, k, dtype, seed):
 @pytest.mark.parametrize("k", [48, 300, 3000])
 @pytest.mark.parametrize("add", [False, True])
 def test_gemv_with_the_norm_prologue(kernels, dtype, k, add):
-    norm_linear, tri, _ = kernels
+    prologue_linear, tri, _ = kernels
     x, r, nw, w = _case(1, 37, k, dtype, seed=k)
-    normed, h_want = norm_linear._reference(x, r if add else None, nw, 1e-5)
+    normed, h_want = prologue_linear._reference(x, r if add else None, nw, 1e-5)
     want = torch.nn.functional.linear(normed.float(), w.float())
     tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
     for config in [tri.gemv_config(k), (4, 128, 4), (1, 64, 2)]:
@@ -66,12 +66,12 @@ def _same_sum(h, want):
 @pytest.mark.parametrize("m,k", [(1, 64), (5, 300), (3, 4096)])
 @pytest.mark.parametrize("add", [False, True])
 def test_add_rms_norm_rounds_as_the_model(kernels, dtype, m, k, add):
-    norm_linear, _, norm = kernels
+    prologue_linear, _, norm = kernels
     x, r, nw, _ = _case(m, 8, k, dtype, seed=m * k)
-    want, h_want = norm_linear._reference(x, r if add else None, nw, 1e-6)
+    want, h_want = prologue_linear._reference(x, r if add else None, nw, 1e-6)
     y, h = norm.add_rms_norm(x, r if add else None, nw, 1e-6)
     if add and dtype == torch.bfloat16:  # from the kernel's sum (see _same_sum)
-        want = norm_linear._reference(h, None, nw, 1e-6)[0]
+        want = prologue_linear._reference(h, None, nw, 1e-6)[0]
     # the same roundings in the same places: equal but for the float32 sum's order
     torch.testing.assert_close(y, want, atol=1e-6, rtol=2 ** -6)
     assert (h is None) == (not add)
@@ -80,12 +80,12 @@ def test_add_rms_norm_rounds_as_the_model(kernels, dtype, m, k, add):
 
 
 def test_strided_rows(kernels):
-    norm_linear, tri, norm = kernels
+    prologue_linear, tri, norm = kernels
     big = torch.randn(4, 160).to(torch.float16)
     x, r = big[:, :64], big[:, 80:144]  # rows 160 apart
     nw = torch.rand(64).to(torch.float16) + 0.5
     w = torch.randn(16, 64).to(torch.float16) / 8
-    want, h_want = norm_linear._reference(x, r, nw, 1e-5)
+    want, h_want = prologue_linear._reference(x, r, nw, 1e-5)
     y, h = norm.add_rms_norm(x, r, nw, 1e-5)
     torch.testing.assert_close(y, want, atol=1e-6, rtol=2 ** -6)
     assert torch.equal(h, h_want)
@@ -93,3 +93,27 @@ def test_strided_rows(kernels):
     torch.testing.assert_close(y1.float(), torch.nn.functional.linear(want[2:3].float(), w.float()),
                                atol=4e-3, rtol=4e-3)
     assert torch.equal(h1, h_want[2:3])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("k", [40, 300, 5000])
+def test_gemv_with_the_silu_mul_prologue(kernels, dtype, k):
+    prologue_linear, tri, rowwise = kernels
+    g = torch.Generator().manual_seed(k)
+    gu = (torch.randn(1, 2 * k, generator=g) * 2).to(dtype)
+    gate, up = gu[:, :k], gu[:, k:]  # views of one row, as the gate_up projection's output
+    w = (torch.randn(29, k, generator=g) / k ** 0.5).to(dtype)
+    act = prologue_linear._silu_mul_reference(gate, up)
+    want = torch.nn.functional.linear(act.float(), w.float())
+    tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
+    for config in [tri.gemv_config(k), (4, 128, 4)]:
+        out = torch.full((1, 29), float("nan"), dtype=dtype)
+        tri._launch(gate, w, None, out, config, up=up)
+        torch.testing.assert_close(out.float(), want, atol=tol, rtol=tol, msg=f"config {config}")
+    torch.testing.assert_close(tri.silu_mul_linear(gate, up, w).float(), want, atol=tol, rtol=tol)
+    rows = (torch.randn(3, 2 * k, generator=g) * 2).to(dtype)
+    got = rowwise.silu_mul(rows[:, :k], rows[:, k:])
+    # bf16 through the interpreter truncates (see _same_sum): one step for each of two roundings
+    rtol = 0 if dtype == torch.float16 else 2 ** -6
+    torch.testing.assert_close(got, prologue_linear._silu_mul_reference(rows[:, :k], rows[:, k:]),
+                               atol=1e-3 if dtype == torch.float16 else 1e-6, rtol=rtol or 1e-3)

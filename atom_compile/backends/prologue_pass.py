@@ -1,17 +1,20 @@
-"""A built-in post-grad pass: a CUDA piece's RMSNorm goes into the projection that reads it.
+"""A built-in post-grad pass: the row-wise step before a CUDA piece's projection goes into it.
 
-After the small-M pass (backends/small_m_pass.py) a decode layer is GEMV, norm, GEMV, ...: the
-norm (with the residual add before it, which Inductor fuses into it) is a kernel of its own,
-two per layer, each a launch and a trip of the row through memory. This pass finds
-`atom::small_m_linear(rms_norm(h) * w, W, None)` and calls `atom::rms_norm_linear(h, w, eps, W)`
-instead, or, where `h` is a residual add `a + b`, `atom::add_rms_norm_linear(a, b, w, eps, W)`,
-whose second output is the sum that the rest of the graph reads (ops/norm_linear.py: one launch
-at one token, the norm kernel and the projection above).
+After the small-M pass (backends/small_m_pass.py) a decode layer is GEMV, norm, GEMV, SiLU-and-
+mul, GEMV...: each norm (with the residual add before it, which Inductor fuses into it) and the
+activation is a kernel of its own, three per layer, each a launch and a trip of the row through
+memory. This pass finds `atom::small_m_linear(X, W, None)` where X is
+- `rms_norm(h) * w`: calls `atom::rms_norm_linear(h, w, eps, W)`, or, where `h` is a residual
+  add `a + b`, `atom::add_rms_norm_linear(a, b, w, eps, W)`, whose second output is the sum
+  that the rest of the graph reads;
+- `silu(gate) * up`: calls `atom::silu_mul_linear(gate, up, W)`
+(ops/prologue_linear.py: one launch at one token, the row-wise kernel and the projection above).
 
-The norm is matched as the models spell it and Inductor's decompositions leave it, in 2-D:
-`w * (float(h) * rsqrt(mean(float(h) ** 2, -1, keepdim) + eps)).to(h.dtype)`, factors in either
-order, `x * x` for the square. Anything else (a norm with an offset weight, 3-D rows, a float32
-model) is left as it is.
+Matched as the models spell them and Inductor's decompositions leave them, in 2-D half
+precision: the norm `w * (float(h) * rsqrt(mean(float(h) ** 2, -1, keepdim) + eps)).to(h.dtype)`
+(factors in either order, `x * x` for the square, any 1-D tensor for w: Gemma's 1 + w too); silu
+as `silu`, `x * sigmoid(x)` or `x / (1 + exp(-x))`, in float32 and cast back or in the half
+dtype. Anything else (3-D rows, a float32 model, another activation) is left as it is.
 """
 
 from __future__ import annotations
@@ -103,6 +106,46 @@ def _residual_add(h: fx.Node) -> Optional[tuple[fx.Node, fx.Node]]:
     return (h.args[0], h.args[1]) if same else None
 
 
+def _silu_arg(node: object) -> Optional[fx.Node]:
+    """x where `node` is silu(x) as decompositions spell it: silu(x), x * sigmoid(x) or
+    x / (1 + exp(-x)), factors and terms in either order; else None."""
+    if _call(node, aten.silu.default):
+        return node.args[0]
+    if _call(node, aten.mul.Tensor) and len(node.args) == 2:
+        for x, other in (node.args, node.args[::-1]):
+            if _call(other, aten.sigmoid.default) and other.args[0] is x:
+                return x
+        return None
+    if not (_call(node, aten.div.Tensor) and _call(node.args[1], aten.add.Tensor)):
+        return None
+    x, (a, b) = node.args[0], node.args[1].args[:2]
+    exp = a if b == 1 else b if a == 1 else None
+    negated = _call(exp, aten.exp.default) and _call(exp.args[0], aten.neg.default) and exp.args[0].args[0] is x
+    return x if negated else None
+
+
+def _silu_input(act: object, dtype: torch.dtype) -> Optional[fx.Node]:
+    """g where `act` is silu(g) in g's half dtype: computed in it, or in float32 and cast back."""
+    if _call(act, aten.silu.default) and _val(act.args[0]) is not None and _val(act.args[0]).dtype == dtype:
+        return act.args[0]
+    x32 = _silu_arg(_cast(act, dtype))
+    return _cast(x32, torch.float32) if x32 is not None else None
+
+
+def match_silu_mul(node: object) -> Optional[tuple[fx.Node, fx.Node]]:
+    """(gate, up) where `node` is silu(gate) * up of two 2-D half-precision rows alike, else None."""
+    out = _val(node)
+    if out is None or out.dim() != 2 or out.dtype not in _HALF or not _call(node, aten.mul.Tensor):
+        return None
+    for act, up in (node.args[:2], node.args[1::-1]):
+        gate = _silu_input(act, out.dtype)
+        alike = gate is not None and all(_val(t) is not None and tuple(_val(t).shape) == tuple(out.shape)
+                                         and _val(t).dtype == out.dtype for t in (gate, up))
+        if alike:
+            return gate, up
+    return None
+
+
 def _chain(normed: fx.Node, stop: set) -> list[fx.Node]:
     """The norm's own nodes: from `normed` back to (not into) the nodes of `stop`."""
     seen, todo = [], [normed]
@@ -118,13 +161,13 @@ def _chain(normed: fx.Node, stop: set) -> list[fx.Node]:
 def _fuse_one(graph: fx.Graph, node: fx.Node, sums: dict, order: dict) -> Optional[list[fx.Node]]:
     """Rewrite the projection `node` if it reads a norm; the norm's nodes (now maybe dead) or None.
     `sums` maps a residual add already fused to the fused op's sum."""
-    from ..ops.norm_linear import ops
+    from ..ops.prologue_linear import ops
 
-    plain, with_add = ops()
+    plain, with_add, silu_mul = ops()
     normed = node.args[0]
     found = match_rms_norm(normed)
     if found is None:
-        return None
+        return _fuse_silu_mul(graph, node, silu_mul)
     h, norm_weight, eps = found
     operands = _residual_add(h) if h not in sums else None
     with graph.inserting_before(node):
@@ -147,7 +190,20 @@ def _fuse_one(graph: fx.Graph, node: fx.Node, sums: dict, order: dict) -> Option
     return _chain(normed, {h, norm_weight}) + [h]
 
 
-def fuse_norm_into_linear(graph: fx.Graph) -> int:
+def _fuse_silu_mul(graph: fx.Graph, node: fx.Node, target) -> Optional[list[fx.Node]]:
+    product = node.args[0]
+    found = match_silu_mul(product)
+    if found is None:
+        return None
+    with graph.inserting_before(node):
+        call = graph.call_function(target, (*found, node.args[1]))
+    call.meta.update(node.meta)
+    node.replace_all_uses_with(call)
+    graph.erase_node(node)
+    return _chain(product, set(found))
+
+
+def fuse_prologues(graph: fx.Graph) -> int:
     """Rewrite each `atom::small_m_linear(rms_norm(h), W, None)` of `graph` as described above;
     the number rewritten. The norms' nodes left without readers are removed."""
     from ..ops.linear import op
@@ -170,11 +226,11 @@ def fuse_norm_into_linear(graph: fx.Graph) -> int:
     return rewritten
 
 
-class NormLinearPass(CustomGraphPass):
-    """`fuse_norm_into_linear` as an Inductor custom pass, keyed by its source."""
+class ProloguePass(CustomGraphPass):
+    """`fuse_prologues` as an Inductor custom pass, keyed by its source."""
 
     def __call__(self, graph: fx.Graph) -> None:
-        fuse_norm_into_linear(graph)
+        fuse_prologues(graph)
 
     def uuid(self) -> str:
         import sys

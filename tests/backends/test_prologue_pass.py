@@ -9,9 +9,13 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from atom_compile.backends.norm_linear_pass import fuse_norm_into_linear, match_rms_norm
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from atom_compile.backends.prologue_pass import fuse_prologues, match_rms_norm
+from atom_compile.backends.residual_add import split_residual_addmm
+from atom_compile.backends.small_m_pass import use_small_m_linear
 from atom_compile.ops.linear import op as small_m_linear_op
-from atom_compile.ops.norm_linear import ops as norm_linear_ops
+from atom_compile.ops.prologue_linear import ops as prologue_ops
 
 aten, prims = torch.ops.aten, torch.ops.prims
 BF16 = torch.bfloat16
@@ -60,9 +64,9 @@ def _count(gm, target) -> int:
 
 def test_norms_before_projections_are_fused_and_compute_the_same():
     gm = _trace(_layer)
-    plain, with_add = norm_linear_ops()
+    plain, with_add, _ = prologue_ops()
     assert _count(gm, small_m_linear_op()) == 3
-    assert fuse_norm_into_linear(gm.graph) == 3
+    assert fuse_prologues(gm.graph) == 3
     gm.graph.lint()
     gm.recompile()
     assert _count(gm, small_m_linear_op()) == 0
@@ -91,7 +95,7 @@ def test_a_computed_norm_weight_is_an_input_of_the_op():
         args = (torch.empty(1, 16, dtype=BF16, device="cuda"), torch.empty(16, dtype=BF16, device="cuda"),
                 torch.empty(8, 16, dtype=BF16, device="cuda"))
     gm = make_fx(f, tracing_mode="fake")(*args)
-    assert fuse_norm_into_linear(gm.graph) == 1
+    assert fuse_prologues(gm.graph) == 1
     gm.recompile()
     gen = torch.Generator().manual_seed(1)
     real = (torch.randn(1, 16, generator=gen).to(BF16), torch.randn(16, generator=gen).to(BF16),
@@ -118,7 +122,7 @@ def test_other_norms_are_left_alone(variant):
         gm = make_fx(f, tracing_mode="fake")(*args)
     except RuntimeError:  # a spelling that does not even trace: nothing to match
         pytest.skip("does not trace")
-    assert fuse_norm_into_linear(gm.graph) == 0
+    assert fuse_prologues(gm.graph) == 0
     assert _count(gm, small_m_linear_op()) == 1
 
 
@@ -127,3 +131,108 @@ def test_match_names_the_parts():
     normed = next(n for n in gm.graph.nodes if n.target is small_m_linear_op()).args[0]
     h, weight, eps = match_rms_norm(normed)
     assert h.target is aten.add.Tensor and weight.op == "placeholder" and eps == 1e-5
+
+
+@pytest.mark.parametrize("spelling", ["div_exp", "sigmoid", "silu_f32", "silu_half"])
+def test_silu_and_mul_before_a_projection_is_fused(spelling):
+    linear = small_m_linear_op()
+
+    def f(gu, wd):
+        gate, up = aten.split.Tensor(gu, 8, -1)
+        if spelling == "silu_half":
+            act = aten.silu.default(gate)
+        else:
+            g = prims.convert_element_type.default(gate, torch.float32)
+            if spelling == "div_exp":
+                s = aten.div.Tensor(g, aten.add.Tensor(aten.exp.default(aten.neg.default(g)), 1))
+            elif spelling == "sigmoid":
+                s = aten.mul.Tensor(aten.sigmoid.default(g), g)
+            else:
+                s = aten.silu.default(g)
+            act = prims.convert_element_type.default(s, BF16)
+        return linear(aten.mul.Tensor(up, act), wd, None)
+
+    with FakeTensorMode():
+        args = (torch.empty(1, 16, dtype=BF16, device="cuda"), torch.empty(4, 8, dtype=BF16, device="cuda"))
+    gm = make_fx(f, tracing_mode="fake")(*args)
+    assert fuse_prologues(gm.graph) == 1
+    gm.graph.lint()
+    gm.recompile()
+    *_, silu_mul = prologue_ops()
+    assert _count(gm, silu_mul) == 1 and _count(gm, small_m_linear_op()) == 0
+    assert _count(gm, aten.mul.Tensor) == 0  # the product and (sigmoid's) factor are gone
+    gen = torch.Generator().manual_seed(2)
+    real = (torch.randn(1, 16, generator=gen).to(BF16), torch.randn(4, 8, generator=gen).to(BF16))
+    torch.testing.assert_close(gm(*real), f(*real))
+
+
+def test_another_activation_is_left_alone():
+    def f(gu, wd):
+        gate, up = aten.split.Tensor(gu, 8, -1)
+        return small_m_linear_op()(aten.mul.Tensor(aten.gelu.default(gate), up), wd, None)
+
+    with FakeTensorMode():
+        args = (torch.empty(1, 16, dtype=BF16, device="cuda"), torch.empty(4, 8, dtype=BF16, device="cuda"))
+    gm = make_fx(f, tracing_mode="fake")(*args)
+    assert fuse_prologues(gm.graph) == 0
+
+
+# --- the graphs Inductor itself hands the pass (this torch's decompositions) ------------------
+
+class _Layer(torch.nn.Module):
+    """The tail of a decoder layer: o projection, residual add, norm, MLP; the built-in Llama's
+    RMSNorm and MLP, or transformers' (2-D rows, as an engine's flattened tokens are)."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.o = torch.nn.Linear(64, 64, bias=False)
+        if kind == "atom":
+            from atom_compile.models.llama import MLP, RMSNorm, preset
+
+            self.norm, self.mlp = RMSNorm(64, 1e-5), MLP(preset("tiny", hidden_size=64, intermediate_size=96))
+        else:
+            import transformers
+            from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+
+            self.norm = LlamaRMSNorm(64, 1e-5)
+            self.mlp = LlamaMLP(transformers.LlamaConfig(hidden_size=64, intermediate_size=96))
+        with torch.no_grad():
+            self.norm.weight.uniform_(0.5, 1.5)
+
+    def forward(self, x, residual):
+        h = self.o(x) + residual
+        return self.mlp(self.norm(h)), h
+
+
+class _CpuPasses(CustomGraphPass):
+    """The built-in passes as a CUDA piece runs them, with the small-M rewrite allowed on CPU
+    (where the ops take their PyTorch paths): what the prologue pass fused, counted."""
+
+    def __init__(self):
+        self.fused = []
+
+    def __call__(self, graph):
+        split_residual_addmm(graph)
+        use_small_m_linear(graph, devices=("cpu",))
+        self.fused.append(fuse_prologues(graph))
+
+    def uuid(self):
+        return None  # never cached: each compile runs the pass
+
+
+@pytest.mark.parametrize("kind", ["atom", "transformers"])
+def test_inductor_graphs_of_real_layers_are_fused_and_match_eager(kind):
+    layer = _Layer(kind).to(BF16)
+    passes = _CpuPasses()
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, backend="inductor", fullgraph=True, dynamic=False,
+                             options={"post_grad_custom_post_pass": passes, "fx_graph_cache": False})
+    gen = torch.Generator().manual_seed(3)
+    x, r = torch.randn(1, 64, generator=gen).to(BF16), torch.randn(1, 64, generator=gen).to(BF16)
+    with torch.no_grad():
+        got, want = compiled(x, r), layer(x, r)
+    # the norm (with the add before it) into gate_up, or into gate and up (transformers' MLP:
+    # the second reads the first's sum); the SiLU-and-mul into down
+    assert passes.fused == [{"atom": 2, "transformers": 3}[kind]]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=2e-2, rtol=2e-2)

@@ -1,9 +1,11 @@
-"""Triton RMSNorm, with the residual add before it, for the rows the fused GEMV does not take.
+"""Triton row-wise kernels (RMSNorm after a residual add; SiLU-and-mul) for the rows the fused
+GEMV does not take.
 
-`atom::rms_norm_linear` (ops/norm_linear.py) puts the norm into the GEMV's prologue at one row;
-at more rows it runs this kernel (one launch, as Inductor's fused add + norm would be) and then
-the projection. It rounds where the model's own code does: the sum to x's dtype, the normalised
-row to x's dtype before the weight, the product to x's dtype.
+The ops of ops/prologue_linear.py put these into the GEMV's prologue at one row; at more rows
+they run these kernels (one launch each, as Inductor's fused kernels would be) and then the
+projection. They round where the model's own code does: the sum to x's dtype, the normalised
+row to x's dtype before the weight, the product to x's dtype; silu(gate) to its dtype, then
+the product with up.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import triton.language as tl
 
 from . import pdl
 from .pdl import wait_then_release
-from .triton_launch import FastLaunch, next_power_of_2
+from .triton_launch import FastLaunch, cdiv, next_power_of_2
 
 MAX_K = 16384  # a whole row per program: wider rows take the PyTorch path
 
@@ -65,3 +67,36 @@ def add_rms_norm(x: torch.Tensor, residual: Optional[torch.Tensor], norm_weight:
                  {"ADD": residual is not None, "BLOCK_K": next_power_of_2(k), "PDL": pdl.enabled(x.device)},
                  num_warps=4 if k <= 4096 else 8)
     return y, h
+
+
+@triton.jit
+def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, K, stride_gm, stride_um, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        wait_then_release()
+    row = tl.program_id(0).to(tl.int64)
+    col = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = col < K
+    g = tl.load(g_ptr + row * stride_gm + col, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + row * stride_um + col, mask=mask, other=0.0).to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(y_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(y_ptr + row * K + col, (act * u).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+_silu_launch = FastLaunch(_silu_mul_kernel)
+
+
+def silu_mul_supported(gate: torch.Tensor, up: torch.Tensor) -> bool:
+    """2-D CUDA rows of one shape and dtype, unit inner strides."""
+    return (gate.dim() == 2 and gate.is_cuda and gate.shape == up.shape and gate.dtype == up.dtype
+            and gate.stride(1) == 1 and up.stride(1) == 1)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for rows `silu_mul_supported` accepts, contiguous."""
+    m, k = gate.shape
+    y = torch.empty((m, k), dtype=gate.dtype, device=gate.device)
+    if m and k:
+        block = min(1024, next_power_of_2(k))
+        _silu_launch((m, cdiv(k, block), 1), (gate, up, y, k, gate.stride(0), up.stride(0)),
+                     {"BLOCK_K": block, "PDL": pdl.enabled(gate.device)}, num_warps=4)
+    return y

@@ -1,13 +1,15 @@
-"""`atom::rms_norm_linear` and `atom::add_rms_norm_linear`: an RMSNorm (after a residual add)
-and the projection that reads it, as one op.
+"""The row-wise step before a projection and the projection, as one op:
+`atom::rms_norm_linear` and `atom::add_rms_norm_linear` (an RMSNorm, after a residual add) and
+`atom::silu_mul_linear` (an MLP's SiLU-and-mul before its down projection).
 
-At one token a decode step's norms are kernels of their own between GEMVs: a launch and a trip
-of the row through memory each, two per layer. The fusion pass (backends/norm_linear_pass.py)
-puts these ops where a CUDA piece normalises a row and projects it. One row takes the GEMV with
-the norm as its prologue (ops/triton_linear.py: one launch); more rows take a Triton add + norm
-kernel and then `F.linear` (the launches Inductor would have made); off CUDA, PyTorch itself.
-The results round where the model's code does, but at one row the norm is applied in float32
-inside the dot (no rounding of the normalised row): within bf16's rounding of the model's own.
+At one token a decode step's norms and activations are kernels of their own between GEMVs: a
+launch and a trip of the row through memory each, three per layer. The prologue pass
+(backends/prologue_pass.py) puts these ops where a CUDA piece has them. One row takes the GEMV
+with the step as its prologue (ops/triton_linear.py: one launch); more rows take a Triton
+row-wise kernel and then `F.linear` (the launches Inductor would have made); off CUDA, PyTorch
+itself. The results round where the model's code does, except that at one row the norm is
+applied in float32 inside the dot (the normalised row is never rounded): within bf16's
+rounding of the model's own.
 """
 
 from __future__ import annotations
@@ -35,14 +37,14 @@ def _fused(x: torch.Tensor, residual: Optional[torch.Tensor], norm_weight: torch
     flat = x.reshape(-1, x.shape[-1])
     res = residual.reshape(flat.shape) if residual is not None else None
     if x.is_cuda and triton_available():
-        from . import triton_linear, triton_norm
+        from . import triton_linear, triton_rowwise
 
-        if triton_norm.supported(flat, res, norm_weight):
+        if triton_rowwise.supported(flat, res, norm_weight):
             if flat.shape[0] == 1 and triton_linear.supported(flat, weight, None) and (
                     res is None or res.stride(1) == 1):
                 y, h = triton_linear.rms_norm_linear(flat, res, norm_weight, eps, weight)
             else:
-                normed, h = triton_norm.add_rms_norm(flat, res, norm_weight, eps)
+                normed, h = triton_rowwise.add_rms_norm(flat, res, norm_weight, eps)
                 y = torch.nn.functional.linear(normed, weight)
             return y.reshape(*x.shape[:-1], weight.shape[0]), (h.reshape(x.shape) if h is not None else None)
     normed, h = _reference(x, residual, norm_weight, eps)
@@ -58,6 +60,28 @@ def add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor, norm_weight: to
                         weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     y, h = _fused(x, residual, norm_weight, eps, weight)
     return y, h
+
+
+def _silu_mul_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.silu(gate) * up
+
+
+def silu_mul_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    flat_g, flat_u = gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1])
+    if gate.is_cuda and triton_available():
+        from . import triton_linear, triton_rowwise
+
+        if triton_rowwise.silu_mul_supported(flat_g, flat_u):
+            if flat_g.shape[0] == 1 and triton_linear.supported(flat_g, weight, None):
+                y = triton_linear.silu_mul_linear(flat_g, flat_u, weight)
+            else:
+                y = torch.nn.functional.linear(triton_rowwise.silu_mul(flat_g, flat_u), weight)
+            return y.reshape(*gate.shape[:-1], weight.shape[0])
+    return torch.nn.functional.linear(_silu_mul_reference(gate, up), weight)
+
+
+def _fake_silu(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return gate.new_empty((*gate.shape[:-1], weight.shape[0]))
 
 
 def _fake(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor) -> torch.Tensor:
@@ -76,11 +100,15 @@ def _register() -> None:
     if registered_op(f"{NAMESPACE}::add_rms_norm_linear") is None:
         direct_register_custom_op("add_rms_norm_linear", add_rms_norm_linear, mutates_args=[], fake_impl=_fake_add,
                                   target_lib=lib)
+    if registered_op(f"{NAMESPACE}::silu_mul_linear") is None:
+        direct_register_custom_op("silu_mul_linear", silu_mul_linear, mutates_args=[], fake_impl=_fake_silu,
+                                  target_lib=lib)
 
 
 _register()
 
 
-def ops() -> tuple[torch._ops.OpOverload, torch._ops.OpOverload]:
-    """The registered ops' default overloads: (rms_norm_linear, add_rms_norm_linear)."""
-    return torch.ops.atom.rms_norm_linear.default, torch.ops.atom.add_rms_norm_linear.default
+def ops() -> tuple[torch._ops.OpOverload, torch._ops.OpOverload, torch._ops.OpOverload]:
+    """The registered ops' default overloads: (rms_norm_linear, add_rms_norm_linear, silu_mul_linear)."""
+    return (torch.ops.atom.rms_norm_linear.default, torch.ops.atom.add_rms_norm_linear.default,
+            torch.ops.atom.silu_mul_linear.default)
