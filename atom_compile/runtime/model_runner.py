@@ -108,6 +108,9 @@ class ModelRunner:
         if self.records_token_graphs and not any(getattr(type(m), "_atom_token_graph", False) for m in modules):
             raise AtomTypeError(f"{type(self.model).__qualname__} has no @token_graph unit: TR_HYBRID needs "
                             "the model (or a submodule) marked @token_graph")
+        # a capture is a warm-up: a second model's, after the first's ended, compiles its own
+        # kernels, which are not misses of a warm-up (the watch is process-wide)
+        jit_watch.stop_watching()
         start = time.perf_counter()
         sizes = sorted(self.capture_sizes, reverse=True)
         show = _rank0() and sys.stderr.isatty()

@@ -97,3 +97,35 @@ def test_the_capture_warms_the_logits_too(tmp_path):
                 assert logits.shape == (bs, wide.vocab_size)
     finally:
         jit_watch.stop_watching()
+
+
+def test_a_second_models_capture_is_a_warm_up_too(tmp_path):
+    """The watch is process-wide: a second model captured after the first's capture ended
+    compiles its own kernels in its warm-up, which are no misses (0 compiles after warm-up
+    counted across that capture), and the watch is on again when it ends."""
+    pytest.importorskip("triton.knobs", reason="needs Triton >= 3.4 (its JIT hooks live in triton.knobs)")
+    import atom_compile as ac
+    from atom_compile import compilation_counter
+    from atom_compile.models import preset
+    from atom_compile.ops import jit_watch
+    from atom_compile.ops.attention import PagedAttentionMetadataBuilder
+    from atom_compile.runtime import ModelRunner
+
+    def runner(name: str, **dims) -> ModelRunner:
+        cc = ac.CompilationConfig(level=3, cudagraph_mode=ac.CUDAGraphMode.FULL, cudagraph_capture_sizes=[1, 2],
+                                  cache_dir=str(tmp_path / name))
+        cfg = ac.Config(max_num_seqs=2, max_num_batched_tokens=16, compilation_config=cc)
+        model = build_model(preset("tiny", num_layers=1, **dims), compilation_config=cfg, dtype=torch.bfloat16,
+                            device="cuda", seed=0)
+        model.allocate_kv_cache(8, 16)
+        return ModelRunner(model, cfg, PagedAttentionMetadataBuilder(2, 16, 4, 16, device="cuda"))
+
+    try:
+        runner("a", hidden_size=128, num_heads=4, num_kv_heads=2, head_dim=32, intermediate_size=256).capture_cudagraph()
+        assert jit_watch.is_warm()
+        second = runner("b", hidden_size=192, num_heads=3, num_kv_heads=1, head_dim=64, intermediate_size=320)
+        with compilation_counter.expect(num_triton_compiles_after_warmup=0):
+            second.capture_cudagraph()
+        assert jit_watch.is_warm()
+    finally:
+        jit_watch.stop_watching()
