@@ -39,7 +39,8 @@ def test_gemv_with_the_norm_prologue(kernels, dtype, k, add):
     normed, h_want = prologue_linear._reference(x, r if add else None, nw, 1e-5)
     want = torch.nn.functional.linear(normed.float(), w.float())
     tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
-    for config in [tri.gemv_config(k), (4, 128, 4), (1, 64, 2)]:
+    # other block shapes (a K loop of many steps, one weight row a program) at the small K
+    for config in [tri.gemv_config(k)] + ([(4, 128, 4), (1, 64, 2)] if k < 1000 else []):
         out = torch.full((1, 37), float("nan"), dtype=dtype)
         h = torch.full_like(x, float("nan")) if add else None
         tri._launch(x, w, None, out, config, norm=(nw, 1e-5, r if add else None, h))
@@ -106,7 +107,7 @@ def test_gemv_with_the_silu_mul_prologue(kernels, dtype, k):
     act = prologue_linear._silu_mul_reference(gate, up)
     want = torch.nn.functional.linear(act.float(), w.float())
     tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
-    for config in [tri.gemv_config(k), (4, 128, 4)]:
+    for config in [tri.gemv_config(k)] + ([(4, 128, 4)] if k < 1000 else []):
         out = torch.full((1, 29), float("nan"), dtype=dtype)
         tri._launch(gate, w, None, out, config, up=up)
         torch.testing.assert_close(out.float(), want, atol=tol, rtol=tol, msg=f"config {config}")
