@@ -22,7 +22,7 @@ try:
 except ImportError:  # an older layout: no config is skipped for its size
     OutOfResources = ()  # type: ignore[assignment,misc]
 
-from . import pdl
+from . import pdl, tuning
 from .pdl import wait_then_release
 from .triton_launch import FastLaunch, cdiv, next_power_of_2
 
@@ -150,13 +150,16 @@ def gemv_config(k: int) -> tuple[int, int, int]:
     return block_n, min(block_k, max(16, next_power_of_2(k))), warps
 
 
-def _tune(x, weight, bias, out) -> tuple[int, int, int]:
+def _tune(x, weight, bias, out, key: tuple) -> tuple[int, int, int]:
     block_m = _block_m(x.shape[0])
     if block_m == 1:
         return gemv_config(x.shape[1])
     candidates = [c for c in CONFIGS if _fits(c, block_m)] or [CONFIGS[0]]
     if len(candidates) == 1 or x.device.type != "cuda":
         return candidates[0]
+    saved = tuning.lookup("small_m_linear", key, x.device, candidates)
+    if saved is not None:  # chosen by an earlier process: no candidate is compiled or timed
+        return saved
     timings = {}
     for config in candidates:
         # timed inside a CUDA graph: launched from Python, a few-microsecond kernel measures
@@ -168,6 +171,7 @@ def _tune(x, weight, bias, out) -> tuple[int, int, int]:
     best = min(timings, key=timings.get)
     logger.debug("atom-compile: small-M linear %s tuned to %s (%.2f us)", tuple(x.shape) + tuple(weight.shape),
                  best, timings[best] * 1e3)
+    tuning.remember("small_m_linear", key, x.device, best)
     return best
 
 
@@ -203,7 +207,7 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     if config is None:
         capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
         config = (gemv_config(x.shape[1]) if _block_m(x.shape[0]) == 1 else CONFIGS[0]) if capturing \
-            else _tune(x, weight, bias, out)
+            else _tune(x, weight, bias, out, key)
         if not capturing:
             _tuned[key] = config
     _launch(x, weight, bias, out, config)

@@ -129,3 +129,26 @@ def test_a_second_models_capture_is_a_warm_up_too(tmp_path):
         assert jit_watch.is_warm()
     finally:
         jit_watch.stop_watching()
+
+
+def test_a_tuned_shape_is_taken_from_the_kernel_directory(tmp_path, monkeypatch):
+    """The block shape timed for 4 rows of a vocabulary-wide layer is saved in the cache's
+    kernel directory; with the process's own choices forgotten (a restart), the next call takes
+    it without timing anything, and computes the same bits."""
+    from atom_compile.ops import kernel_dir
+
+    before = (kernel_dir.kernel_dir(), kernel_dir._state["on_written"])
+    kernel_dir.use_kernel_dir(str(tmp_path))
+    try:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        x = torch.randn(4, 2048, device="cuda", generator=g, dtype=torch.bfloat16)
+        w = torch.randn(triton_linear.DOT_MIN_N, 2048, device="cuda", generator=g, dtype=torch.bfloat16) / 45
+        triton_linear._tuned.clear()
+        first = triton_linear.small_m_linear(x, w)
+        assert (tmp_path / "small_m_linear.best_config").is_file()
+        triton_linear._tuned.clear()
+        monkeypatch.setattr(triton_linear, "_bench", lambda fn: pytest.fail("a saved shape was timed again"))
+        assert torch.equal(triton_linear.small_m_linear(x, w), first)
+    finally:
+        kernel_dir.use_kernel_dir(*before)
+        triton_linear._tuned.clear()
