@@ -52,3 +52,19 @@ def test_cpu_pieces_are_left_alone():
     gm = _trace("cpu")
     assert use_small_m_linear(gm.graph) == 0
     assert _count(gm, aten.mm.default) == 4
+
+
+def test_a_backend_registers_the_ops_its_passes_put_into_pieces():
+    """A warm start loads pieces that call atom::small_m_linear (and the prologue ops) without
+    running the passes: making the backend registers them, in a process that imported nothing
+    else of ours (as a warm start of a user's model does)."""
+    import subprocess
+    import sys
+
+    code = ("import torch, atom_compile as ac\n"
+            "ac.backend(ac.Config())\n"
+            "for name in ('small_m_linear', 'rms_norm_linear', 'add_rms_norm_linear', 'silu_mul_linear'):\n"
+            "    getattr(torch.ops.atom, name).default\n"
+            "print('registered')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "registered" in proc.stdout, proc.stderr[-2000:]
