@@ -204,13 +204,14 @@ def _fuse_silu_mul(graph: fx.Graph, node: fx.Node, target) -> Optional[list[fx.N
 
 
 def fuse_prologues(graph: fx.Graph) -> int:
-    """Rewrite each `atom::small_m_linear(rms_norm(h), W, None)` of `graph` as described above;
-    the number rewritten. The norms' nodes left without readers are removed."""
+    """Rewrite each `atom::small_m_linear(X, W, None)` of `graph` whose X is a norm or a
+    SiLU-and-mul, as described above; the number rewritten. Their nodes left without readers
+    are removed."""
     from ..ops.linear import op
 
     target = op()
     sums: dict = {}
-    dead: list[fx.Node] = []
+    dead: set[fx.Node] = set()
     rewritten = 0
     for node in [n for n in graph.nodes if n.op == "call_function" and n.target is target]:
         if len(node.args) != 3 or node.args[2] is not None:
@@ -218,7 +219,7 @@ def fuse_prologues(graph: fx.Graph) -> int:
         order = {n: i for i, n in enumerate(graph.nodes)}
         chain = _fuse_one(graph, node, sums, order)
         if chain is not None:
-            dead.extend(chain)
+            dead.update(chain)
             rewritten += 1
     for node in reversed(list(graph.nodes)):  # the chains' nodes, readers before what they read
         if node in dead and not node.users:
