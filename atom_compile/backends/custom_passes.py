@@ -56,7 +56,7 @@ class PostGradPasses(CustomGraphPass):
 
 def compiler_config(cc: CompilationConfig) -> dict[str, Any]:
     """The Inductor options a piece compiles with: inductor_compile_config, the passes (the
-    built-in ones first, those that are on: residual add, small-M linear, norm into linear), Inductor
+    built-in ones first, those that are on: residual add, small-M linear, prologues), Inductor
     graph partition's (when use_inductor_graph_partition is on) and PDL on where Inductor has
     it (inductor_compile_config={"triton.enable_pdl": False} keeps it off)."""
     out = dict(cc.inductor_compile_config)

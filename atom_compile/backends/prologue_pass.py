@@ -22,14 +22,16 @@ from __future__ import annotations
 import hashlib
 import inspect
 import operator
+import sys
 from typing import Optional
 
 import torch
 import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
+from .small_m_pass import _HALF
+
 aten, prims = torch.ops.aten, torch.ops.prims
-_HALF = (torch.float16, torch.bfloat16)
 
 
 def _call(node: object, *targets) -> bool:
@@ -146,19 +148,20 @@ def match_silu_mul(node: object) -> Optional[tuple[fx.Node, fx.Node]]:
     return None
 
 
-def _chain(normed: fx.Node, stop: set) -> list[fx.Node]:
+def _chain(normed: fx.Node, stop: set) -> set[fx.Node]:
     """The norm's own nodes: from `normed` back to (not into) the nodes of `stop`."""
-    seen, todo = [], [normed]
+    seen: set[fx.Node] = set()
+    todo = [normed]
     while todo:
         node = todo.pop()
         if node in stop or node in seen or node.op != "call_function":
             continue
-        seen.append(node)
+        seen.add(node)
         todo.extend(node.all_input_nodes)
     return seen
 
 
-def _fuse_one(graph: fx.Graph, node: fx.Node, sums: dict, order: dict) -> Optional[list[fx.Node]]:
+def _fuse_one(graph: fx.Graph, node: fx.Node, sums: dict) -> Optional[set[fx.Node]]:
     """Rewrite the projection `node` if it reads a norm; the norm's nodes (now maybe dead) or None.
     `sums` maps a residual add already fused to the fused op's sum."""
     from ..ops.prologue_linear import ops
@@ -170,6 +173,8 @@ def _fuse_one(graph: fx.Graph, node: fx.Node, sums: dict, order: dict) -> Option
         return _fuse_silu_mul(graph, node, silu_mul)
     h, norm_weight, eps = found
     operands = _residual_add(h) if h not in sums else None
+    # where the sum's readers stand, taken before the rewrite (only an add's fusion needs it)
+    order = {n: i for i, n in enumerate(graph.nodes)} if operands is not None else {}
     with graph.inserting_before(node):
         if operands is None:
             call = graph.call_function(plain, (sums.get(h, h), norm_weight, eps, node.args[1]))
@@ -187,10 +192,10 @@ def _fuse_one(graph: fx.Graph, node: fx.Node, sums: dict, order: dict) -> Option
         for user in list(h.users):
             if user in order and order[user] > order[node]:
                 user.replace_input_with(h, sums[h])
-    return _chain(normed, {h, norm_weight}) + [h]
+    return _chain(normed, {h, norm_weight}) | {h}
 
 
-def _fuse_silu_mul(graph: fx.Graph, node: fx.Node, target) -> Optional[list[fx.Node]]:
+def _fuse_silu_mul(graph: fx.Graph, node: fx.Node, target) -> Optional[set[fx.Node]]:
     product = node.args[0]
     found = match_silu_mul(product)
     if found is None:
@@ -216,8 +221,7 @@ def fuse_prologues(graph: fx.Graph) -> int:
     for node in [n for n in graph.nodes if n.op == "call_function" and n.target is target]:
         if len(node.args) != 3 or node.args[2] is not None:
             continue
-        order = {n: i for i, n in enumerate(graph.nodes)}
-        chain = _fuse_one(graph, node, sums, order)
+        chain = _fuse_one(graph, node, sums)
         if chain is not None:
             dead.update(chain)
             rewritten += 1
@@ -234,7 +238,5 @@ class ProloguePass(CustomGraphPass):
         fuse_prologues(graph)
 
     def uuid(self) -> str:
-        import sys
-
         source = inspect.getsource(sys.modules[__name__])
         return hashlib.sha256(source.encode()).hexdigest()[:32]

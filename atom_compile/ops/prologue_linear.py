@@ -40,8 +40,7 @@ def _fused(x: torch.Tensor, residual: Optional[torch.Tensor], norm_weight: torch
         from . import triton_linear, triton_rowwise
 
         if triton_rowwise.supported(flat, res, norm_weight):
-            if flat.shape[0] == 1 and triton_linear.supported(flat, weight, None) and (
-                    res is None or res.stride(1) == 1):
+            if flat.shape[0] == 1 and triton_linear.supported(flat, weight, None):
                 y, h = triton_linear.rms_norm_linear(flat, res, norm_weight, eps, weight)
             else:
                 normed, h = triton_rowwise.add_rms_norm(flat, res, norm_weight, eps)
@@ -95,14 +94,11 @@ def _fake_add(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor
 
 def _register() -> None:
     lib = _library(NAMESPACE)  # kept alive there: a freed Library unregisters
-    if registered_op(f"{NAMESPACE}::rms_norm_linear") is None:
-        direct_register_custom_op("rms_norm_linear", rms_norm_linear, mutates_args=[], fake_impl=_fake, target_lib=lib)
-    if registered_op(f"{NAMESPACE}::add_rms_norm_linear") is None:
-        direct_register_custom_op("add_rms_norm_linear", add_rms_norm_linear, mutates_args=[], fake_impl=_fake_add,
-                                  target_lib=lib)
-    if registered_op(f"{NAMESPACE}::silu_mul_linear") is None:
-        direct_register_custom_op("silu_mul_linear", silu_mul_linear, mutates_args=[], fake_impl=_fake_silu,
-                                  target_lib=lib)
+    for name, fn, fake in (("rms_norm_linear", rms_norm_linear, _fake),
+                           ("add_rms_norm_linear", add_rms_norm_linear, _fake_add),
+                           ("silu_mul_linear", silu_mul_linear, _fake_silu)):
+        if registered_op(f"{NAMESPACE}::{name}") is None:
+            direct_register_custom_op(name, fn, mutates_args=[], fake_impl=fake, target_lib=lib)
 
 
 _register()
