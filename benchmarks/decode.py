@@ -3,7 +3,9 @@
 Arms, in one run: eager; torch.compile; torch.compile(mode="reduce-overhead") and
 mode="max-autotune" of the same model; atom-compile level 3 with cudagraph_mode NONE, FULL and
 TR_HYBRID, each also as `-sizes` (compile_sizes = the batches <= 8: per-size pieces) and as
-`-fused` (prologue_pass: each RMSNorm in the prologue of the projection after it); and
+`-fused` (prologue_pass: each RMSNorm in the prologue of the projection after it) and as
+`-noprefetch` (graphs recorded with the GEMV reading its weight after its PDL wait, as eagerly,
+for an A/B of the prefetch in one process); and
 `peer`, a plain-PyTorch decoder of the same dimensions (static KV, SDPA,
 benchmarks/_peer_decoder.py) under torch.compile(mode="reduce-overhead"), one compile per batch.
 Batches of 1, 8, 32 and 128 sequences, each with a 1k-token context already in the paged KV
@@ -122,6 +124,9 @@ def run_arm(name: str, batches: list[int], context: int, steps: int, block: int)
             cc["prologue_pass"] = True  # the norms into the projections' prologues
         # max_num_seqs 512: the default ladder, [1..8] + range(16, 513, 16), 40 sizes
         max_seqs = max(max_seqs, 512)
+        if "-noprefetch" in name:
+            from atom_compile.ops import triton_linear
+            triton_linear._prefetch = lambda early: False  # this arm and every later one
         cfg, model, builder, bps = build(cc, max_seqs, context, block)
         runner = ModelRunner(model, cfg, builder)
         # the first call compiles; the capture's warm-up would do it, but time compile and capture apart
@@ -251,7 +256,7 @@ def _ratio(arms: dict, num: str, den: str, batches: list[int]) -> str:
 def _goals(results: dict, batches: list[int], llama) -> None:
     """Issue 15's goals, for whichever arms ran (the -sizes arms stand in for their mode)."""
     arms, floors, extra = results["arms"], results["floor_ms_per_batch"], results["extra"]
-    for suffix in ("", "-sizes", "-fused"):
+    for suffix in ("", "-sizes", "-fused", "-noprefetch", "-fused-noprefetch"):
         full, hybrid = f"atom-full{suffix}", f"atom-tr_hybrid{suffix}"
         if full not in arms:
             continue

@@ -84,10 +84,13 @@ class FastLaunch:
     `args` are the kernel's runtime arguments in order; `constexprs` its constexpr parameters,
     which must come after them in the kernel's signature (ours are written that way)."""
 
-    def __init__(self, kernel: Any):
+    def __init__(self, kernel: Any, twins: Optional[Callable[[dict], list[dict]]] = None):
+        """`twins(constexprs)`: other constexprs whose specialisations are compiled (not launched)
+        when this one is, for a variant that must not compile where it is launched (a capture)."""
         self.kernel = kernel
         self.compiled: dict[tuple, Any] = {}
         self.direct = True  # False once the compiled kernel turns out not to offer a direct launch
+        self.twins = twins
 
     def __call__(self, grid: tuple[int, int, int], args: tuple, constexprs: dict, num_warps: int = 4) -> None:
         """Launch on the current stream; `grid` has all three dimensions."""
@@ -107,6 +110,20 @@ class FastLaunch:
             self.direct = False
             return
         self.compiled[key] = compiled
+        for twin in self.twins(constexprs) if self.twins is not None else ():
+            self._compile_only(grid, args, twin, num_warps)
+
+    def _compile_only(self, grid: tuple[int, int, int], args: tuple, constexprs: dict, num_warps: int) -> None:
+        key = _spec_key(args, constexprs, num_warps)
+        if key in self.compiled:
+            return
+        with jit_watch.launching(args), kernel_dir.compiling():
+            compiled = self.kernel.warmup(*args, grid=grid, **constexprs, num_warps=num_warps,
+                                          **_launch_options(constexprs))
+        if hasattr(compiled, "result"):
+            compiled = compiled.result()
+        if compiled is not None and callable(getattr(compiled, "__getitem__", None)):
+            self.compiled[key] = compiled
 
     def _ordered(self, args: tuple, constexprs: dict) -> bool:
         """True when the constexprs follow the runtime arguments in the kernel's signature, in

@@ -44,7 +44,7 @@ def _small_m_linear_kernel(
     r_ptr, h_ptr, nw_ptr, stride_rm, eps,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_DOT: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, NORM: tl.constexpr, ADD: tl.constexpr,
-    SILU_MUL: tl.constexpr,
+    SILU_MUL: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     # One token (BLOCK_M 1): a plain GEMV, weight row by x, reduced along K in float32.
     # More tokens: tensor-core dots with the rows padded to BLOCK_M = 16 (reading the weight
@@ -56,8 +56,9 @@ def _small_m_linear_kernel(
     # the sum to h (the residual stream the model reads next).
     # SILU_MUL (GEMV only): x is silu(x) * r, rounded as the model's two ops round (x the gate,
     # r the up projection: an MLP's activation in the down projection's prologue).
-    if PDL:  # launched early (ops/pdl.py): read nothing before the kernel before has finished
-        wait_then_release()
+    # PREFETCH (with PDL): the weight's first tile is read before the wait, while the kernel
+    # before still runs, and each step reads the next; only for a weight that kernel does not
+    # write (a model's parameter inside a CUDA graph: ops decide it in _launch).
     pid = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -66,12 +67,21 @@ def _small_m_linear_kernel(
     n_mask = offs_n < N
     x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
     w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
+    if PREFETCH:
+        w_next = tl.load(w_ptrs + BLOCK_K, mask=n_mask[:, None] & (offs_k < K)[None, :], other=0.0)
+    if PDL:  # launched early (ops/pdl.py): read nothing else before the kernel before has finished
+        wait_then_release()
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     squares = tl.zeros([BLOCK_M], tl.float32)
     for k in range(0, K, BLOCK_K):
         k_mask = (k + offs_k) < K
         x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        if PREFETCH:  # the last step's read is masked off entirely: no memory traffic
+            w = w_next
+            w_next = tl.load(w_ptrs + BLOCK_K, mask=n_mask[:, None] & ((k + BLOCK_K + offs_k) < K)[None, :],
+                             other=0.0)
+        else:
+            w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
         if ADD or SILU_MUL:
             cols = k + offs_k[None, :]
             xk_mask = m_mask[:, None] & k_mask[None, :]
@@ -105,7 +115,10 @@ def _small_m_linear_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
-_linear_launch = FastLaunch(_small_m_linear_kernel)
+# with PDL, the prefetching twin of each specialisation is compiled beside it (outside the
+# capture that will launch it: nothing compiles while a graph records)
+_linear_launch = FastLaunch(_small_m_linear_kernel,
+                            twins=lambda c: [{**c, "PREFETCH": True}] if c["PDL"] and not c["PREFETCH"] else [])
 
 
 def _block_m(m: int) -> int:
@@ -120,22 +133,33 @@ def _fits(config: tuple[int, int, int], block_m: int) -> bool:
     return block_n * block_k <= 64 * 32 * warps
 
 
+def _prefetch(early: bool) -> bool:
+    return early and torch.cuda.is_current_stream_capturing()
+
+
 def _launch(x, weight, bias, out, config, norm=None, up=None) -> None:
     """`norm`: None, or (norm weight, eps, residual or None, h or None) for the NORM prologue;
-    `up`: None, or the up projection for the SILU_MUL prologue (x the gate)."""
+    `up`: None, or the up projection for the SILU_MUL prologue (x the gate).
+
+    Inside a CUDA-graph capture with PDL the weight is prefetched (read before the kernel ahead
+    has finished): what a graph records is a model's forward, where weights are only read, and a
+    write to them before a replay is finished before the graph starts. Eagerly a weight may have
+    been written by the kernel just before, so it is read after the wait."""
     block_n, block_k, warps = config
     m, k = x.shape
     n = weight.shape[0]
     dummy = bias if bias is not None else weight
     nw, eps, residual, h = norm if norm is not None else (weight, 0.0, up, None)
+    early = pdl.enabled(x.device)
     _linear_launch(
         (cdiv(n, block_n), 1, 1),
         (x, weight, dummy, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
          residual if residual is not None else x, h if h is not None else out, nw,
          residual.stride(0) if residual is not None else x.stride(0), float(eps)),
         {"HAS_BIAS": bias is not None, "BLOCK_M": _block_m(m), "BLOCK_N": block_n, "BLOCK_K": block_k,
-         "USE_DOT": _block_m(m) > 1, "IEEE": x.dtype == torch.float32, "PDL": pdl.enabled(x.device),
-         "NORM": norm is not None, "ADD": norm is not None and residual is not None, "SILU_MUL": up is not None},
+         "USE_DOT": _block_m(m) > 1, "IEEE": x.dtype == torch.float32, "PDL": early,
+         "NORM": norm is not None, "ADD": norm is not None and residual is not None, "SILU_MUL": up is not None,
+         "PREFETCH": _prefetch(early)},
         num_warps=warps,
     )
 

@@ -1,7 +1,8 @@
 """Programmatic dependent launch (ops/pdl.py) on a GPU of compute capability >= 9: our kernels
 are compiled and launched with it, and a chain of kernels each reading what the one before
-wrote (weights included) stays right, eagerly and replayed in a CUDA graph; ATOM_COMPILE_PDL=0
-turns it off."""
+wrote stays right: eagerly with each weight written just before its GEMV, and replayed in a
+CUDA graph (which prefetches the weights: written before the replay); ATOM_COMPILE_PDL=0 turns
+it off."""
 
 from __future__ import annotations
 
@@ -21,11 +22,13 @@ needs_pdl = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_d
                                reason="PDL needs compute capability 9.0 and a Triton with launch_pdl")
 
 
-def _chain(x, weights, scratch):
-    """x -> GEMV -> GEMV ... where each weight is rewritten by a kernel just before its GEMV
-    (the hazard of a kernel that reads before it waits) and each GEMV reads the last output."""
-    for w, fresh in zip(weights, scratch):
-        w.copy_(fresh)  # a copy kernel right before the GEMV writes the very weight it reads
+def _chain(x, weights, scratch=None):
+    """x -> GEMV -> GEMV ... where each GEMV reads the last output and, given `scratch`, each
+    weight is rewritten by a kernel just before its GEMV (the hazard of a kernel that reads
+    before it waits)."""
+    for i, w in enumerate(weights):
+        if scratch is not None:
+            w.copy_(scratch[i])  # a copy kernel right before the GEMV writes the very weight it reads
         x = tl_.small_m_linear(x, w)
     return x
 
@@ -57,19 +60,18 @@ def test_dependent_kernels_stay_right_eagerly_and_in_a_graph():
     compiled = list(tl_._linear_launch.compiled.values())
     assert compiled and all(getattr(c.metadata, "launch_pdl", False) for c in compiled)
 
-    for w in weights:
-        w.zero_()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        _chain(x, weights, fresh)  # tuned and compiled outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
+    # the prefetching twins were compiled beside them: the capture compiles nothing
+    twins = [key for key in tl_._linear_launch.compiled if key[-1] is True]
+    assert twins and 2 * len(twins) == len(compiled)
+    before = len(tl_._linear_launch.compiled)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = _chain(x, weights, fresh)
+        out = _chain(x, weights)
+    assert len(tl_._linear_launch.compiled) == before
     for _ in range(3):
         draw()
-        for w in weights:
-            w.zero_()
+        for w, f in zip(weights, fresh):  # written before the replay, by the kernels just before it
+            w.copy_(f)
         graph.replay()
         check(out)
 

@@ -54,3 +54,26 @@ def test_entry_point_and_supported(tri):
     assert not tri.supported(torch.randn(9, 64).half(), w, None)  # more rows than MAX_M
     assert not tri.supported(x, w.t().contiguous().t(), None)  # a transposed weight
     assert not tri.supported(x, w, b[:-1])  # a bias of the wrong length
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_the_prefetching_variant_computes_the_same(tri, monkeypatch, m):
+    """The variant a CUDA graph records with PDL reads each weight tile one step ahead (the first
+    before its wait): every block shape, one step and a K loop, prologues included, bit-equal."""
+    cases = [(m, 70, 300), (m, 33, 64)]
+    block_m = tri._block_m(m)
+    for m_, n, k in cases:
+        x, w, b, _ = _case(m_, n, k, bias=True, seed=n)
+        for config in [c for c in tri.CONFIGS if tri._fits(c, block_m)]:
+            prologues = [{}]
+            if m_ == 1:  # the GEMV's prologues: add + RMSNorm, SiLU-and-mul
+                r = torch.randn(1, k).to(x.dtype)
+                prologues += [{"norm": (torch.rand(k).to(x.dtype), 1e-5, r, torch.empty_like(x))}, {"up": r}]
+            for prologue in prologues:
+                outs = []
+                for prefetch in (False, True):
+                    monkeypatch.setattr(tri, "_prefetch", lambda early: prefetch)  # PDL stays off here
+                    out = torch.full((m_, n), float("nan"), dtype=x.dtype)
+                    tri._launch(x, w, None if prologue else b, out, config, **prologue)
+                    outs.append(out)
+                assert torch.equal(outs[0], outs[1]), f"config {config}, {(m_, n, k)}, {list(prologue)}"
