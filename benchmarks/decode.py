@@ -5,7 +5,8 @@ mode="max-autotune" of the same model; atom-compile level 3 with cudagraph_mode 
 TR_HYBRID, each also as `-sizes` (compile_sizes = the batches <= 8: per-size pieces) and as
 `-fused` (prologue_pass: each RMSNorm in the prologue of the projection after it) and as
 `-noprefetch` (graphs recorded with the GEMV reading its weight after its PDL wait, as eagerly,
-for an A/B of the prefetch in one process); and
+for an A/B of the prefetch in one process) and as `-dots` (2-8 rows of every projection on the
+small-M kernel's padded tensor-core dots rather than cuBLAS); and
 `peer`, a plain-PyTorch decoder of the same dimensions (static KV, SDPA,
 benchmarks/_peer_decoder.py) under torch.compile(mode="reduce-overhead"), one compile per batch.
 Batches of 1, 8, 32 and 128 sequences, each with a 1k-token context already in the paged KV
@@ -22,10 +23,12 @@ arm's ratio to it, and the time to capture the default ladder.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
 import time
+from unittest import mock
 
 import torch
 
@@ -109,7 +112,6 @@ def kernel_breakdown(fn, top: int = 12) -> list[tuple[str, float, int]]:
 
 def run_arm(name: str, batches: list[int], context: int, steps: int, block: int) -> tuple[dict, dict]:
     import atom_compile as ac
-    from atom_compile.runtime import ModelRunner
 
     max_seqs = max(batches)
     extra: dict = {}
@@ -124,26 +126,13 @@ def run_arm(name: str, batches: list[int], context: int, steps: int, block: int)
             cc["prologue_pass"] = True  # the norms into the projections' prologues
         # max_num_seqs 512: the default ladder, [1..8] + range(16, 513, 16), 40 sizes
         max_seqs = max(max_seqs, 512)
-        if "-noprefetch" in name:
+        with contextlib.ExitStack() as patches:
             from atom_compile.ops import triton_linear
-            triton_linear._prefetch = lambda early: False  # this arm and every later one
-        cfg, model, builder, bps = build(cc, max_seqs, context, block)
-        runner = ModelRunner(model, cfg, builder)
-        # the first call compiles; the capture's warm-up would do it, but time compile and capture apart
-        ids, pos, meta, ctx = builder.build_for_capture(max_seqs, 1)
-        with torch.inference_mode(), ac.set_forward_context(meta, cfg, ctx, no_compile_layers=model.no_compile_layers):
-            model(ids, pos)
-        seconds, sizes = runner.capture_cudagraph()
-        extra = {"capture_seconds": seconds, "captured_sizes": len(sizes)}
-        out = {}
-        for b in batches:
-            inputs, scope = runner.prepare(decode_steps(b, context, bps))
-            with scope:
-                if PROFILE:
-                    extra["kernels"] = kernel_breakdown(lambda: runner.run_model(inputs))
-                    break
-                out[b] = median_step(lambda: runner.run_model(inputs), steps)
-        return out, extra
+            if "-noprefetch" in name:
+                patches.enter_context(mock.patch.object(triton_linear, "_prefetch", lambda early: False))
+            if "-dots" in name:  # 2-8 rows of every projection on the padded dots, not cuBLAS
+                patches.enter_context(mock.patch.object(triton_linear, "DOT_MIN_N", 0))
+            return _run_atom(cc, batches, context, steps, block, max_seqs)
 
     cfg, model, builder, bps = build({"level": 0}, max_seqs, context, block)
     forward = model.model
@@ -156,6 +145,29 @@ def run_arm(name: str, batches: list[int], context: int, steps: int, block: int)
         ids, pos, meta, ctx = builder.build(decode_steps(b, context, bps))
         with torch.inference_mode(), ac.set_forward_context(meta, cfg, ctx, no_compile_layers=model.no_compile_layers):
             out[b] = median_step(lambda: model.compute_logits(forward(ids, pos)), steps)
+    return out, extra
+
+
+def _run_atom(cc: dict, batches: list[int], context: int, steps: int, block: int, max_seqs: int) -> tuple[dict, dict]:
+    import atom_compile as ac
+    from atom_compile.runtime import ModelRunner
+
+    cfg, model, builder, bps = build(cc, max_seqs, context, block)
+    runner = ModelRunner(model, cfg, builder)
+    # the first call compiles; the capture's warm-up would do it, but time compile and capture apart
+    ids, pos, meta, ctx = builder.build_for_capture(max_seqs, 1)
+    with torch.inference_mode(), ac.set_forward_context(meta, cfg, ctx, no_compile_layers=model.no_compile_layers):
+        model(ids, pos)
+    seconds, sizes = runner.capture_cudagraph()
+    extra = {"capture_seconds": seconds, "captured_sizes": len(sizes)}
+    out = {}
+    for b in batches:
+        inputs, scope = runner.prepare(decode_steps(b, context, bps))
+        with scope:
+            if PROFILE:
+                extra["kernels"] = kernel_breakdown(lambda: runner.run_model(inputs))
+                break
+            out[b] = median_step(lambda: runner.run_model(inputs), steps)
     return out, extra
 
 
@@ -256,7 +268,7 @@ def _ratio(arms: dict, num: str, den: str, batches: list[int]) -> str:
 def _goals(results: dict, batches: list[int], llama) -> None:
     """Issue 15's goals, for whichever arms ran (the -sizes arms stand in for their mode)."""
     arms, floors, extra = results["arms"], results["floor_ms_per_batch"], results["extra"]
-    for suffix in ("", "-sizes", "-fused", "-noprefetch", "-fused-noprefetch"):
+    for suffix in ("", "-sizes", "-fused", "-dots", "-fused-dots", "-noprefetch", "-fused-noprefetch"):
         full, hybrid = f"atom-full{suffix}", f"atom-tr_hybrid{suffix}"
         if full not in arms:
             continue
