@@ -4,7 +4,8 @@ Arms, in one run: eager; torch.compile; torch.compile(mode="reduce-overhead") an
 mode="max-autotune" of the same model; atom-compile level 3 with cudagraph_mode NONE, FULL and
 TR_HYBRID, each also as `-sizes` (compile_sizes = the batches <= 8: per-size pieces) and as
 `-fused` (prologue_pass: each RMSNorm in the prologue of the projection after it) and as
-`-noprefetch` (graphs recorded with the GEMV reading its weight after its PDL wait, as eagerly,
+`-noprefetch` (graphs recorded with the GEMV reading its weight and the attention its cached
+keys after their PDL wait, as eagerly,
 for an A/B of the prefetch in one process) and as `-dots` (2-8 rows of every projection on the
 small-M kernel's padded tensor-core dots rather than cuBLAS); and
 `peer`, a plain-PyTorch decoder of the same dimensions (static KV, SDPA,
@@ -127,9 +128,9 @@ def run_arm(name: str, batches: list[int], context: int, steps: int, block: int)
         # max_num_seqs 512: the default ladder, [1..8] + range(16, 513, 16), 40 sizes
         max_seqs = max(max_seqs, 512)
         with contextlib.ExitStack() as patches:
-            from atom_compile.ops import triton_linear
+            from atom_compile.ops import pdl, triton_linear
             if "-noprefetch" in name:
-                patches.enter_context(mock.patch.object(triton_linear, "_prefetch", lambda early: False))
+                patches.enter_context(mock.patch.object(pdl, "prefetch", lambda early: False))
             if "-dots" in name:  # 2-8 rows of every projection on the padded dots, not cuBLAS
                 patches.enter_context(mock.patch.object(triton_linear, "DOT_MIN_N", 0))
             return _run_atom(cc, batches, context, steps, block, max_seqs)

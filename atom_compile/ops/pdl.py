@@ -67,3 +67,12 @@ def enabled(device: torch.device) -> bool:
     if device.type != "cuda":
         return False
     return _device_can(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def prefetch(early: bool) -> bool:
+    """Whether a kernel launched early (`early`: PDL) may read its constant operands (a weight,
+    the KV cache's earlier keys) before its wait: only inside a CUDA-graph capture, where what is
+    recorded is a model's forward (those operands only read, the writes before a replay finished
+    before the graph starts). Eagerly the kernel just before may have written them."""
+    return early and torch.cuda.is_current_stream_capturing()
+

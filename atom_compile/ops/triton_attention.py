@@ -77,7 +77,9 @@ class _Plan:
 
 
 _plans: dict[tuple, _Plan] = {}
-_attention_launch = FastLaunch(_attention_kernel)
+# the prefetching twin of a decode launch with PDL is compiled beside it (nothing compiles in a capture)
+_attention_launch = FastLaunch(_attention_kernel, twins=lambda c: [{**c, "PREFETCH": True}]
+                               if c["PDL"] and c["WRITE_KV"] and not c["PREFETCH"] else [])
 
 
 def _spans(capacity: int, groups: int, device: torch.device, tuning: Tuning) -> tuple[int, int]:
@@ -142,6 +144,7 @@ def _attention_launch_args(query, k_cache, v_cache, output, meta, scale: float, 
     tables = meta.block_tables
     kv_strides = k_cache.stride()
     key, value = new_kv if new_kv is not None else (query, query)  # unread without WRITE_KV
+    early = pdl.enabled(query.device)
     return (
         _attention_launch, (rows, num_kv_heads, plan.num_splits),
         (query, k_cache, v_cache, output, scratch, tickets, tables, meta.token_seq, meta.query_positions,
@@ -152,7 +155,8 @@ def _attention_launch_args(query, k_cache, v_cache, output, meta, scale: float, 
          scale, num_heads, num_kv_heads, plan.num_splits, plan.keys_per_split, plan.ml_offset),
         {"GROUP": plan.group, "G_PAD": plan.g_pad, "BLOCK_SIZE": block_size, "BLOCK_N": plan.block_n,
          "HEAD_DIM": head_dim, "D_PAD": plan.d_pad, "S_PAD": plan.s_pad, "IEEE": k_cache.dtype == torch.float32,
-         "WRITE_KV": new_kv is not None, "PDL": pdl.enabled(query.device)},
+         "WRITE_KV": new_kv is not None, "PDL": early,
+         "PREFETCH": new_kv is not None and pdl.prefetch(early)},
         plan.num_warps,
     )
 

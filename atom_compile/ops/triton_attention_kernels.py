@@ -60,37 +60,47 @@ def _attend_own_key(q, k_ptr, v_ptr, new_k_ptr, new_v_ptr, row, kv_head, offs_d,
 
 
 @triton.jit
+def _kv_tile(k_ptr, v_ptr, tables_ptr, seq, kv_head, start, end, offs_d, d_mask, stride_kb, stride_ks, stride_kh,
+             stride_bt, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+    # the cached keys and values [start, start + BLOCK_N) of one sequence, masked at `end`
+    offs_n = start + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < end
+    block = tl.load(tables_ptr + seq * stride_bt + offs_n // BLOCK_SIZE, mask=n_mask, other=0)
+    base = block.to(tl.int64) * stride_kb + (offs_n % BLOCK_SIZE) * stride_ks + kv_head * stride_kh
+    kv_mask = n_mask[:, None] & d_mask[None, :]
+    k = tl.load(k_ptr + base[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(v_ptr + base[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    return k, v, n_mask
+
+
+@triton.jit
+def _online_step(q, k, v, n_mask, m_i, l_i, acc, IEEE: tl.constexpr):
+    # one tile of the online softmax; the tile holds at least one unmasked key
+    if IEEE:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")  # [G_PAD, BLOCK_N]
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = tl.where(n_mask[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    p = tl.exp(s - m_new[:, None])
+    alpha = tl.exp(m_i - m_new)
+    if IEEE:
+        pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    return m_new, l_i * alpha + tl.sum(p, axis=1), acc * alpha[:, None] + pv
+
+
+@triton.jit
 def _span_partial(q, k_ptr, v_ptr, tables_ptr, seq, kv_head, first, end, offs_d, d_mask,
-                  stride_kb, stride_ks, stride_kh, stride_bt,
-                  G_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                  IEEE: tl.constexpr):
-    # the online softmax over the cached keys [first, end) of one sequence: (max, sum, output)
-    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([G_PAD], tl.float32)
-    acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
+                  stride_kb, stride_ks, stride_kh, stride_bt, m_i, l_i, acc,
+                  BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+    # the online softmax over the cached keys [first, end) of one sequence, from the running
+    # (max, sum, output): the same
     for start in range(first, end, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < end
-        block = tl.load(tables_ptr + seq * stride_bt + offs_n // BLOCK_SIZE, mask=n_mask, other=0)
-        base = block.to(tl.int64) * stride_kb + (offs_n % BLOCK_SIZE) * stride_ks + kv_head * stride_kh
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_ptr + base[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")  # [G_PAD, BLOCK_N]
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        v = tl.load(v_ptr + base[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        if IEEE:
-            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        m_i = m_new
+        k, v, n_mask = _kv_tile(k_ptr, v_ptr, tables_ptr, seq, kv_head, start, end, offs_d, d_mask,
+                                stride_kb, stride_ks, stride_kh, stride_bt, BLOCK_SIZE, BLOCK_N)
+        m_i, l_i, acc = _online_step(q, k, v, n_mask, m_i, l_i, acc, IEEE)
     return m_i, l_i, acc
 
 
@@ -139,14 +149,20 @@ def _attention_kernel(
     scale, num_heads, num_kv_heads, num_splits, keys_per_split, ml_offset,
     GROUP: tl.constexpr, G_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr, IEEE: tl.constexpr, WRITE_KV: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     # WRITE_KV (decode steps, one row per sequence): the row's own key and value, new this step,
     # are written to the cache by span 0 and attended from the inputs by the span holding them.
     # One program: one query row, one KV head with ALL its group's query heads (GQA: keys and values
     # read once), one span of the context; heads padded to G_PAD >= 16 rows for tensor-core dots.
-    if PDL:  # launched early (ops/pdl.py): read nothing before the kernel before has finished
-        wait_then_release()
+    # PREFETCH (PDL and WRITE_KV, in a CUDA graph: ops/pdl.py prefetch): the step's metadata and
+    # the span's first tile of cached keys and values are read before the wait, while the kernel
+    # before runs; nothing that kernel writes (the query, the new key and value) is.
+    if PDL:
+        if PREFETCH:
+            pass  # waits below, after the reads that do not depend on the kernel before
+        else:  # launched early: read nothing before the kernel before has finished
+            wait_then_release()
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     span = tl.program_id(2)
@@ -161,21 +177,35 @@ def _attention_kernel(
         first = span * keys_per_split
         last = tl.minimum(n_keys, first + keys_per_split)
         if WRITE_KV:
-            if span == 0:
-                _write_own_kv(k_ptr, v_ptr, new_k_ptr, new_v_ptr, slot_ptr, row, kv_head, offs_d, d_mask,
-                              stride_nkt, stride_nkh, stride_nvt, stride_nvh, stride_kb, stride_ks, stride_kh,
-                              BLOCK_SIZE)
             cached_end = tl.minimum(last, pos)  # the cache holds keys [0, pos); key pos is new
         else:
             cached_end = last
         seq = tl.load(token_seq_ptr + row)
+        if PREFETCH:
+            k0, v0, n0 = _kv_tile(k_ptr, v_ptr, tables_ptr, seq, kv_head, first, cached_end, offs_d, d_mask,
+                                  stride_kb, stride_ks, stride_kh, stride_bt, BLOCK_SIZE, BLOCK_N)
+            if PDL:
+                wait_then_release()
+        if WRITE_KV:
+            if span == 0:
+                _write_own_kv(k_ptr, v_ptr, new_k_ptr, new_v_ptr, slot_ptr, row, kv_head, offs_d, d_mask,
+                              stride_nkt, stride_nkh, stride_nvt, stride_nvh, stride_kb, stride_ks, stride_kh,
+                              BLOCK_SIZE)
         heads = kv_head * GROUP + offs_g
         q_off = row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
         q = tl.load(q_ptr + q_off, mask=g_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32)
         q = (q * scale).to(k_ptr.dtype.element_ty)
-        m_i, l_i, acc = _span_partial(q, k_ptr, v_ptr, tables_ptr, seq, kv_head, first, cached_end, offs_d, d_mask,
-                                      stride_kb, stride_ks, stride_kh, stride_bt,
-                                      G_PAD, D_PAD, BLOCK_SIZE, BLOCK_N, IEEE)
+        m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+        l_i = tl.zeros([G_PAD], tl.float32)
+        acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
+        start = first
+        if PREFETCH:
+            if first < cached_end:  # the span holds a cached key (not only the row's new one)
+                m_i, l_i, acc = _online_step(q, k0, v0, n0, m_i, l_i, acc, IEEE)
+            start = first + BLOCK_N
+        m_i, l_i, acc = _span_partial(q, k_ptr, v_ptr, tables_ptr, seq, kv_head, start, cached_end, offs_d, d_mask,
+                                      stride_kb, stride_ks, stride_kh, stride_bt, m_i, l_i, acc,
+                                      BLOCK_SIZE, BLOCK_N, IEEE)
         if WRITE_KV:
             if (pos >= first) & (pos < last):
                 m_i, l_i, acc = _attend_own_key(q, k_ptr, v_ptr, new_k_ptr, new_v_ptr, row, kv_head, offs_d, d_mask,

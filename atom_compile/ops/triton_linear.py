@@ -133,18 +133,11 @@ def _fits(config: tuple[int, int, int], block_m: int) -> bool:
     return block_n * block_k <= 64 * 32 * warps
 
 
-def _prefetch(early: bool) -> bool:
-    return early and torch.cuda.is_current_stream_capturing()
-
-
 def _launch(x, weight, bias, out, config, norm=None, up=None) -> None:
     """`norm`: None, or (norm weight, eps, residual or None, h or None) for the NORM prologue;
     `up`: None, or the up projection for the SILU_MUL prologue (x the gate).
 
-    Inside a CUDA-graph capture with PDL the weight is prefetched (read before the kernel ahead
-    has finished): what a graph records is a model's forward, where weights are only read, and a
-    write to them before a replay is finished before the graph starts. Eagerly a weight may have
-    been written by the kernel just before, so it is read after the wait."""
+    Inside a CUDA-graph capture with PDL the weight is prefetched (pdl.prefetch)."""
     block_n, block_k, warps = config
     m, k = x.shape
     n = weight.shape[0]
@@ -159,7 +152,7 @@ def _launch(x, weight, bias, out, config, norm=None, up=None) -> None:
         {"HAS_BIAS": bias is not None, "BLOCK_M": _block_m(m), "BLOCK_N": block_n, "BLOCK_K": block_k,
          "USE_DOT": _block_m(m) > 1, "IEEE": x.dtype == torch.float32, "PDL": early,
          "NORM": norm is not None, "ADD": norm is not None and residual is not None, "SILU_MUL": up is not None,
-         "PREFETCH": _prefetch(early)},
+         "PREFETCH": pdl.prefetch(early)},
         num_warps=warps,
     )
 

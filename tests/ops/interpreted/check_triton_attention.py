@@ -161,8 +161,12 @@ def test_a_counter_left_nonzero_is_what_the_reset_prevents(tri):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("heads,kv_heads,dim", [(8, 2, 64), (8, 1, 128), (4, 4, 64)])
 @pytest.mark.parametrize("lengths", LENGTHS + [[16, 17, 2]])
-def test_the_launch_that_also_writes_the_kv_matches_write_then_attend(tri, dtype, heads, kv_heads, dim, lengths):
-    # decode: the row's own (new) key at position len-1 sits at a span's start, end or middle
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_the_launch_that_also_writes_the_kv_matches_write_then_attend(tri, monkeypatch, dtype, heads, kv_heads, dim,
+                                                                      lengths, prefetch):
+    # decode: the row's own (new) key at position len-1 sits at a span's start, end or middle;
+    # `prefetch`: the variant a CUDA graph records with PDL (each span's first tile read ahead)
+    monkeypatch.setattr(tri.pdl, "prefetch", lambda early: prefetch)  # PDL itself stays off here
     q, k, v, cache, meta = _case(lengths, 1, heads, kv_heads, dim, dtype, pad_seqs=1, seed=len(lengths) + 7)
     assert tri.writes_kv(meta)
     scale = dim ** -0.5
