@@ -1,0 +1,87 @@
+"""Compile our PDL kernels for Hopper (sm_90) without a GPU and report, per variant, whether the
+kernel is launched with PDL and how many global loads its PTX issues before and after its
+`griddepcontrol.wait`. Run as a script (by tests/ops/test_hopper_ptx.py): prints one JSON line
+per variant."""
+
+from __future__ import annotations
+
+import json
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from atom_compile.ops.triton_attention_kernels import _attention_kernel, _write_kv_kernel  # noqa: F401
+from atom_compile.ops.triton_linear import _small_m_linear_kernel
+from atom_compile.ops.triton_rowwise import _add_rms_norm_kernel, _silu_mul_kernel
+
+TARGET = GPUTarget("cuda", 90, 32)
+INT_POINTERS = {"tickets_ptr", "tables_ptr", "token_seq_ptr", "query_pos_ptr", "slot_ptr"}
+FLOATS = {"eps", "scale"}
+
+
+def _type(name: str) -> str:
+    if name in INT_POINTERS:
+        return "*i32"
+    if name == "acc_ptr":
+        return "*fp32"
+    if name.endswith("_ptr"):
+        return "*bf16"
+    return "fp32" if name in FLOATS else "i32"
+
+
+def compile_for_hopper(fn, constexprs: dict, num_warps: int):
+    signature = {n: "constexpr" if n in constexprs else _type(n) for n in fn.arg_names}
+    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    return triton.compile(source, target=TARGET, options={"num_warps": num_warps, "launch_pdl": True})
+
+
+def load_order(ptx: str) -> tuple[int, int, int]:
+    """(waits, global loads before the first wait, global loads after it)."""
+    lines = ptx.splitlines()
+    waits = [i for i, line in enumerate(lines) if "griddepcontrol.wait" in line]
+    first = waits[0] if waits else len(lines)
+    loads = [i for i, line in enumerate(lines) if "ld.global" in line]
+    return len(waits), sum(i < first for i in loads), sum(i > first for i in loads)
+
+
+def _linear(prefetch: bool, **extra) -> dict:
+    c = dict(HAS_BIAS=False, BLOCK_M=1, BLOCK_N=2, BLOCK_K=2048, USE_DOT=False, IEEE=False, PDL=True,
+             NORM=False, ADD=False, SILU_MUL=False, PREFETCH=prefetch)
+    c.update(extra)
+    return c
+
+
+VARIANTS = [
+    ("gemv", _small_m_linear_kernel, _linear(False), 2),
+    ("gemv+prefetch", _small_m_linear_kernel, _linear(True), 2),
+    ("gemv k-loop+prefetch", _small_m_linear_kernel, _linear(True, BLOCK_K=512), 2),
+    ("add-norm gemv", _small_m_linear_kernel, _linear(False, NORM=True, ADD=True), 2),
+    ("add-norm gemv+prefetch", _small_m_linear_kernel, _linear(True, NORM=True, ADD=True), 2),
+    ("silu-mul gemv+prefetch", _small_m_linear_kernel, _linear(True, SILU_MUL=True), 2),
+    ("padded dots", _small_m_linear_kernel, _linear(False, BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, USE_DOT=True), 4),
+    ("padded dots+prefetch", _small_m_linear_kernel,
+     _linear(True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, USE_DOT=True), 4),
+    ("attention", _attention_kernel, dict(GROUP=4, G_PAD=16, BLOCK_SIZE=16, BLOCK_N=64, HEAD_DIM=64, D_PAD=64,
+                                          S_PAD=32, IEEE=False, WRITE_KV=False, PDL=True, PREFETCH=False), 4),
+    ("attention+write", _attention_kernel, dict(GROUP=4, G_PAD=16, BLOCK_SIZE=16, BLOCK_N=64, HEAD_DIM=64, D_PAD=64,
+                                                S_PAD=32, IEEE=False, WRITE_KV=True, PDL=True, PREFETCH=False), 4),
+    ("attention+write+prefetch", _attention_kernel,
+     dict(GROUP=4, G_PAD=16, BLOCK_SIZE=16, BLOCK_N=64, HEAD_DIM=64, D_PAD=64, S_PAD=32, IEEE=False,
+          WRITE_KV=True, PDL=True, PREFETCH=True), 4),
+    ("add-rms-norm", _add_rms_norm_kernel, dict(ADD=True, BLOCK_K=2048, PDL=True), 4),
+    ("silu-mul", _silu_mul_kernel, dict(BLOCK_K=1024, PDL=True), 4),
+]
+
+
+def main() -> None:
+    for name, fn, constexprs, warps in VARIANTS:
+        kernel = compile_for_hopper(fn, constexprs, warps)
+        waits, before, after = load_order(kernel.asm["ptx"])
+        print(json.dumps({"name": name, "prefetch": bool(constexprs.get("PREFETCH")),
+                          "launch_pdl": bool(getattr(kernel.metadata, "launch_pdl", False)),
+                          "waits": waits, "before": before, "after": after}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
