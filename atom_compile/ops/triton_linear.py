@@ -68,7 +68,7 @@ def _small_m_linear_kernel(
     x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
     w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
     if PREFETCH:
-        w_next = tl.load(w_ptrs + BLOCK_K, mask=n_mask[:, None] & (offs_k < K)[None, :], other=0.0)
+        w_next = tl.load(w_ptrs, mask=n_mask[:, None] & (offs_k < K)[None, :], other=0.0)
     if PDL:  # launched early (ops/pdl.py): read nothing else before the kernel before has finished
         wait_then_release()
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
