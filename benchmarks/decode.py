@@ -7,7 +7,8 @@ TR_HYBRID, each also as `-sizes` (compile_sizes = the batches <= 8: per-size pie
 `-noprefetch` (graphs recorded with the GEMV reading its weight and the attention its cached
 keys after their PDL wait, as eagerly,
 for an A/B of the prefetch in one process) and as `-dots` (2-8 rows of every projection on the
-small-M kernel's padded tensor-core dots rather than cuBLAS); and
+small-M kernel's padded tensor-core dots rather than cuBLAS) or `-splitk` (the split-K dots,
+ops/triton_splitk.py); and
 `peer`, a plain-PyTorch decoder of the same dimensions (static KV, SDPA,
 benchmarks/_peer_decoder.py) under torch.compile(mode="reduce-overhead"), one compile per batch.
 Batches of 1, 8, 32 and 128 sequences, each with a 1k-token context already in the paged KV
@@ -133,6 +134,8 @@ def run_arm(name: str, batches: list[int], context: int, steps: int, block: int)
                 patches.enter_context(mock.patch.object(pdl, "prefetch", lambda early: False))
             if "-dots" in name:  # 2-8 rows of every projection on the padded dots, not cuBLAS
                 patches.enter_context(mock.patch.object(triton_linear, "DOT_MIN_N", 0))
+            if "-splitk" in name:  # 2-8 rows of the narrower projections on the split-K dots
+                patches.enter_context(mock.patch.object(triton_linear, "SPLIT_K_ROWS", True))
             return _run_atom(cc, batches, context, steps, block, max_seqs)
 
     cfg, model, builder, bps = build({"level": 0}, max_seqs, context, block)
@@ -269,7 +272,8 @@ def _ratio(arms: dict, num: str, den: str, batches: list[int]) -> str:
 def _goals(results: dict, batches: list[int], llama) -> None:
     """Issue 15's goals, for whichever arms ran (the -sizes arms stand in for their mode)."""
     arms, floors, extra = results["arms"], results["floor_ms_per_batch"], results["extra"]
-    for suffix in ("", "-sizes", "-fused", "-dots", "-fused-dots", "-noprefetch", "-fused-noprefetch"):
+    for suffix in ("", "-sizes", "-fused", "-dots", "-fused-dots", "-splitk", "-fused-splitk", "-noprefetch",
+                   "-fused-noprefetch"):
         full, hybrid = f"atom-full{suffix}", f"atom-tr_hybrid{suffix}"
         if full not in arms:
             continue

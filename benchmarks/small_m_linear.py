@@ -6,10 +6,12 @@ CUDA graph (triton.testing.do_bench_cudagraph), as decode runs them, so Python's
 not counted; each graph cycles through enough copies of the weight (>= 256 MB) that none is
 served from the 50 MB L2.
 
-    python benchmarks/small_m_linear.py [--m 1,2,4,8] [--sweep]
+    python benchmarks/small_m_linear.py [--m 1,2,4,8] [--sweep] [--split-k]
 
 --sweep times every config of triton_linear.CONFIGS that fits, with the weights cycled past L2
 (the tuning itself times one weight, which L2 may hold), and prints the five fastest.
+--split-k turns triton_linear.SPLIT_K_ROWS on: 2..8 rows of the narrower layers take the split-K
+dots (ops/triton_splitk.py), and --sweep then times its configs.
 """
 
 from __future__ import annotations
@@ -26,10 +28,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--m", default="1,2,4,8")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--split-k", action="store_true")
     args = ap.parse_args()
     import triton.testing
 
     from atom_compile.ops import triton_linear
+
+    triton_linear.SPLIT_K_ROWS = args.split_k
 
     n = 1 << 30
     a = torch.empty(n, dtype=torch.uint8, device="cuda")
@@ -51,25 +56,30 @@ def main() -> None:
                 lambda: [torch.nn.functional.linear(x, c) for c in copies], rep=100) * per
             ours = triton.testing.do_bench_cudagraph(
                 lambda: [triton_linear.small_m_linear(x, c) for c in copies], rep=100) * per
-            config = triton_linear._tuned[(triton_linear._block_m(m), rows, k, x.dtype, False)]
+            split_k = args.split_k and m > 1 and rows < triton_linear.DOT_MIN_N
+            config = triton_linear._tuned[("split_k" if split_k else triton_linear._block_m(m), rows, k, x.dtype, False)]
             nbytes = w.numel() * 2
             print(f"| {name} | {m} | {cublas:.1f} | {nbytes / cublas / 1e6:.2f} | {ours:.1f} | "
                   f"{nbytes / ours / 1e6:.2f} | {config} | {cublas / ours:.2f}x |", flush=True)
             if args.sweep:
-                sweep(triton_linear, x, copies, per, cublas)
+                sweep(triton_linear, x, copies, per, cublas, split_k)
 
 
-def sweep(triton_linear, x, copies, per: float, cublas: float) -> None:
+def sweep(triton_linear, x, copies, per: float, cublas: float, split_k: bool = False) -> None:
     """Every fitting config on HBM-resident weights: the five fastest, us and against cuBLAS."""
     import triton.testing
+
+    from atom_compile.ops import triton_splitk
 
     block_m = triton_linear._block_m(x.shape[0])
     out = torch.empty(x.shape[0], copies[0].shape[0], device="cuda", dtype=x.dtype)
     timings = {}
-    for config in (c for c in triton_linear.CONFIGS if triton_linear._fits(c, block_m)):
+    configs = triton_splitk.CONFIGS if split_k else [c for c in triton_linear.CONFIGS if triton_linear._fits(c, block_m)]
+    run = triton_splitk.launch if split_k else triton_linear._launch
+    for config in configs:
         try:
             timings[config] = triton.testing.do_bench_cudagraph(
-                lambda: [triton_linear._launch(x, c, None, out, config) for c in copies], rep=50) * per
+                lambda: [run(x, c, None, out, config) for c in copies], rep=50) * per
         except triton_linear.OutOfResources:  # a tile this GPU's shared memory cannot hold
             print(f"    sweep: {config} does not fit this GPU's shared memory", flush=True)
     top = sorted(timings.items(), key=lambda t: t[1])[:5]

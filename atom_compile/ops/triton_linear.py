@@ -172,9 +172,15 @@ def _tune(x, weight, bias, out, key: tuple) -> tuple[int, int, int]:
     if block_m == 1:
         return gemv_config(x.shape[1])
     candidates = [c for c in CONFIGS if _fits(c, block_m)] or [CONFIGS[0]]
+    return _timed_choice("small_m_linear", key, x, candidates, lambda config: _launch(x, weight, bias, out, config))
+
+
+def _timed_choice(kernel: str, key: tuple, x: torch.Tensor, candidates: list, run) -> tuple:
+    """The fastest of `candidates` for `run(config)`, timed once per shape and device (and kept
+    in the kernel directory: ops/tuning.py); the first candidate off CUDA."""
     if len(candidates) == 1 or x.device.type != "cuda":
         return candidates[0]
-    saved = tuning.lookup("small_m_linear", key, x.device, candidates)
+    saved = tuning.lookup(kernel, key, x.device, candidates)
     if saved is not None:  # chosen by an earlier process: no candidate is compiled or timed
         return saved
     timings = {}
@@ -182,13 +188,12 @@ def _tune(x, weight, bias, out, key: tuple) -> tuple[int, int, int]:
         # timed inside a CUDA graph: launched from Python, a few-microsecond kernel measures
         # Triton's launch overhead, not itself
         try:
-            timings[config] = _bench(lambda: _launch(x, weight, bias, out, config))
+            timings[config] = _bench(lambda: run(config))
         except OutOfResources:  # a tile this GPU's shared memory cannot hold
             continue
     best = min(timings, key=timings.get)
-    logger.debug("atom-compile: small-M linear %s tuned to %s (%.2f us)", tuple(x.shape) + tuple(weight.shape),
-                 best, timings[best] * 1e3)
-    tuning.remember("small_m_linear", key, x.device, best)
+    logger.debug("atom-compile: %s %s tuned to %s (%.2f us)", kernel, key, best, timings[best] * 1e3)
+    tuning.remember(kernel, key, x.device, best)
     return best
 
 
@@ -204,12 +209,17 @@ def _bench(fn) -> float:
 DOT_MIN_N = 32768
 
 
+# 2..MAX_M rows of a narrower layer on the split-K dots (ops/triton_splitk.py) rather than
+# cuBLAS: off until measured in the decode step on a GPU (benchmarks/decode.py -splitk arms)
+SPLIT_K_ROWS = False
+
+
 def supported(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
     """Whether the kernel takes this call: 2-D half-precision input of one row (or of at most
-    MAX_M rows for at least DOT_MIN_N outputs), a row-major weight of the same dtype, unit
-    inner strides."""
+    MAX_M rows for at least DOT_MIN_N outputs, or any with SPLIT_K_ROWS), a row-major weight of
+    the same dtype, unit inner strides."""
     rows = x.shape[0] if x.dim() == 2 else 0
-    wide = weight.dim() == 2 and weight.shape[0] >= DOT_MIN_N
+    wide = weight.dim() == 2 and (weight.shape[0] >= DOT_MIN_N or SPLIT_K_ROWS)
     return (x.dim() == 2 and (rows == 1 or (0 < rows <= MAX_M and wide)) and x.dtype in (torch.float16, torch.bfloat16)
             and weight.dim() == 2 and weight.dtype == x.dtype and weight.shape[1] == x.shape[1]
             and x.stride(1) == 1 and weight.stride(1) == 1
@@ -219,15 +229,28 @@ def supported(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor
 def small_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """x @ weight.T + bias for a call `supported` accepts; tuned on first sight of its shape."""
     out = torch.empty((x.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
-    key = (_block_m(x.shape[0]), weight.shape[0], weight.shape[1], x.dtype, bias is not None)
+    split_k = x.shape[0] > 1 and weight.shape[0] < DOT_MIN_N
+    key = ("split_k" if split_k else _block_m(x.shape[0]), weight.shape[0], weight.shape[1], x.dtype, bias is not None)
     config = _tuned.get(key)
     if config is None:
         capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
-        config = (gemv_config(x.shape[1]) if _block_m(x.shape[0]) == 1 else CONFIGS[0]) if capturing \
-            else _tune(x, weight, bias, out, key)
+        if split_k:
+            from . import triton_splitk
+
+            config = triton_splitk.CONFIGS[0] if capturing else _timed_choice(
+                "small_m_split_k", key, x, triton_splitk.CONFIGS,
+                lambda c: triton_splitk.launch(x, weight, bias, out, c))
+        else:
+            config = (gemv_config(x.shape[1]) if _block_m(x.shape[0]) == 1 else CONFIGS[0]) if capturing \
+                else _tune(x, weight, bias, out, key)
         if not capturing:
             _tuned[key] = config
-    _launch(x, weight, bias, out, config)
+    if split_k:
+        from . import triton_splitk
+
+        triton_splitk.launch(x, weight, bias, out, config)
+    else:
+        _launch(x, weight, bias, out, config)
     return out
 
 

@@ -1,0 +1,135 @@
+"""Split-K tensor-core projection for 2..8 rows of a narrow layer (decode at batch 2-8).
+
+At 2-8 rows a projection is still a read of the weight, but the rows make the CUDA-core GEMV
+arithmetic-bound (BENCHMARKS.md: 2.3-4x slower than cuBLAS at 8 rows) and the padded dots of
+triton_linear leave SMs idle on narrow layers (3072 / 16 columns = 192 programs, each streaming a
+whole row of K). Here each program takes BLOCK_N columns and one of SPLIT slices of K, the rows
+padded to 16 for tensor-core dots; the slices' float32 partials go to a scratch, and the program
+that takes a column block's last ticket (an acq_rel counter, as the attention's merge) sums them
+in slice order (the same result whichever program is last), adds the bias and stores. One
+launch; the counters are left at 0 for the next call, so CUDA-graph replays need no memset.
+
+Off by default (`triton_linear.SPLIT_K_ROWS`) until the GPU measures it against cuBLAS in the
+decode step.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from . import pdl
+from .pdl import wait_then_release
+from .triton_launch import FastLaunch, cdiv
+
+ROWS = 16  # tl.dot takes at least 16 rows: 2..8 real rows, padded
+# (BLOCK_N, BLOCK_K, SPLIT, num_warps); SPLIT is at most this many slices of K
+CONFIGS = [(16, 256, 4, 4), (16, 256, 1, 4), (16, 256, 2, 4), (16, 128, 4, 4), (16, 256, 8, 4), (16, 128, 8, 4),
+           (32, 256, 2, 4), (32, 256, 4, 4), (32, 128, 8, 4), (16, 512, 4, 4)]
+_tickets: dict = {}
+
+
+@triton.jit
+def _split_k_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, tickets_ptr, M, N, K, stride_xm, stride_wn, stride_ym, k_per_split,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_m = tl.arange(0, 16)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    k_first = pid_k * k_per_split
+    k_end = tl.minimum(k_first + k_per_split, K)
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + (k_first + offs_k)[None, :]
+    w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + (k_first + offs_k)[None, :]
+    if PREFETCH:  # the weight only (ops/pdl.py prefetch): read while the kernel before runs
+        w_next = tl.load(w_ptrs, mask=n_mask[:, None] & ((k_first + offs_k) < k_end)[None, :], other=0.0)
+    if PDL:
+        wait_then_release()
+    acc = tl.zeros([16, BLOCK_N], tl.float32)
+    for k in range(k_first, k_end, BLOCK_K):
+        k_mask = (k + offs_k) < k_end
+        x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        if PREFETCH:
+            w = w_next
+            w_next = tl.load(w_ptrs + BLOCK_K, mask=n_mask[:, None] & ((k + BLOCK_K + offs_k) < k_end)[None, :],
+                             other=0.0)
+        else:
+            w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        acc += tl.dot(x, tl.trans(w))
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+    y_mask = m_mask[:, None] & n_mask[None, :]
+    if SPLIT == 1:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
+    else:
+        # this slice's partial, then a ticket: every thread's stores come before the release
+        tile = offs_m[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        tl.store(part_ptr + (pid_n * SPLIT + pid_k) * 16 * BLOCK_N + tile, acc, mask=m_mask[:, None])
+        tl.debug_barrier()
+        ticket = tl.atomic_add(tickets_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if ticket == SPLIT - 1:  # the last slice of this column block sums them all, in slice order
+            tl.store(tickets_ptr + pid_n, 0)
+            total = tl.zeros([16, BLOCK_N], tl.float32)
+            for s in tl.static_range(SPLIT):  # .cg: from L2, where the other programs' stores went
+                total += tl.load(part_ptr + (pid_n * SPLIT + s) * 16 * BLOCK_N + tile, mask=m_mask[:, None],
+                                 other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                total += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+            tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=y_mask)
+
+
+_launch_fn = FastLaunch(_split_k_kernel, twins=lambda c: [{**c, "PREFETCH": True}] if c["PDL"] and not c["PREFETCH"]
+                        else [])
+
+
+def slices(k: int, block_k: int, split: int) -> tuple[int, int]:
+    """(K per slice, a multiple of BLOCK_K; the number of slices) for at most `split` slices."""
+    per = cdiv(cdiv(k, split), block_k) * block_k
+    return per, cdiv(k, per)
+
+
+def counters(blocks: int, device: torch.device) -> Optional[torch.Tensor]:
+    """The int32 ticket counters on `device` (at least `blocks`), zeroed when made; None inside
+    a capture when there are none large enough (a zeroing would be recorded, not run: the
+    caller then takes one slice, which needs none). Each call leaves them at 0."""
+    current = _tickets.get(device)
+    if current is None or current.numel() < blocks:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        current = torch.zeros(max(blocks, 4096), dtype=torch.int32, device=device)
+        _tickets[device] = current
+    return current
+
+
+def launch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor,
+           config: tuple[int, int, int, int]) -> None:
+    """out = x @ weight.T + bias for 2..16 rows, in one launch of `config`."""
+    block_n, block_k, split, warps = config
+    m, k = x.shape
+    n = weight.shape[0]
+    per, split = slices(k, block_k, split)
+    blocks = cdiv(n, block_n)
+    tickets = counters(blocks, x.device) if split > 1 else None
+    if split > 1 and tickets is None:
+        per, split = slices(k, block_k, 1)
+    part = torch.empty(blocks * split * ROWS * block_n if split > 1 else 1, dtype=torch.float32, device=x.device)
+    early = pdl.enabled(x.device)
+    _launch_fn(
+        (blocks, split, 1),
+        (x, weight, bias if bias is not None else weight, out, part, tickets if tickets is not None else part,
+         m, n, k, x.stride(0), weight.stride(0), out.stride(0), per),
+        {"HAS_BIAS": bias is not None, "BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT": split, "PDL": early,
+         "PREFETCH": pdl.prefetch(early)},
+        num_warps=warps,
+    )
