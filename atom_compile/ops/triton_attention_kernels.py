@@ -60,6 +60,12 @@ def _attend_own_key(q, k_ptr, v_ptr, new_k_ptr, new_v_ptr, row, kv_head, offs_d,
 
 
 @triton.jit
+def _scaled_query(q_ptr, offs, mask, scale, dtype: tl.constexpr):
+    q = tl.load(q_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    return (q * scale).to(dtype)
+
+
+@triton.jit
 def _kv_tile(k_ptr, v_ptr, tables_ptr, seq, kv_head, start, end, offs_d, d_mask, stride_kb, stride_ks, stride_kh,
              stride_bt, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
     # the cached keys and values [start, start + BLOCK_N) of one sequence, masked at `end`
@@ -140,6 +146,13 @@ def _merge_partials(acc_ptr, ml_ptr, out_ptr, row, num_heads, kv_head, num_split
                  out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
+# One program: one query row, one KV head with ALL its group's query heads (GQA: keys and values
+# read once), one span of the context; heads padded to G_PAD >= 16 rows for tensor-core dots.
+# WRITE_KV (decode steps, one row per sequence): the row's own key and value, new this step, are
+# written to the cache by span 0 and attended from the inputs by the span holding them.
+# PREFETCH (PDL and WRITE_KV, in a CUDA graph: ops/pdl.py prefetch): the step's metadata and the
+# span's first tile of cached keys and values are read before the wait, while the kernel before
+# runs; nothing that kernel writes (the query, the new key and value) is.
 @triton.jit
 def _attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, acc_ptr, tickets_ptr, tables_ptr, token_seq_ptr, query_pos_ptr,
@@ -151,18 +164,8 @@ def _attention_kernel(
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr, IEEE: tl.constexpr, WRITE_KV: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr,
 ):
-    # WRITE_KV (decode steps, one row per sequence): the row's own key and value, new this step,
-    # are written to the cache by span 0 and attended from the inputs by the span holding them.
-    # One program: one query row, one KV head with ALL its group's query heads (GQA: keys and values
-    # read once), one span of the context; heads padded to G_PAD >= 16 rows for tensor-core dots.
-    # PREFETCH (PDL and WRITE_KV, in a CUDA graph: ops/pdl.py prefetch): the step's metadata and
-    # the span's first tile of cached keys and values are read before the wait, while the kernel
-    # before runs; nothing that kernel writes (the query, the new key and value) is.
-    if PDL:
-        if PREFETCH:
-            pass  # waits below, after the reads that do not depend on the kernel before
-        else:  # launched early: read nothing before the kernel before has finished
-            wait_then_release()
+    if PDL and not PREFETCH:  # launched early: read nothing before the kernel before has finished
+        wait_then_release()
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     span = tl.program_id(2)
@@ -192,9 +195,8 @@ def _attention_kernel(
                               stride_nkt, stride_nkh, stride_nvt, stride_nvh, stride_kb, stride_ks, stride_kh,
                               BLOCK_SIZE)
         heads = kv_head * GROUP + offs_g
-        q_off = row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
-        q = tl.load(q_ptr + q_off, mask=g_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32)
-        q = (q * scale).to(k_ptr.dtype.element_ty)
+        q = _scaled_query(q_ptr, row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                          g_mask[:, None] & d_mask[None, :], scale, k_ptr.dtype.element_ty)
         m_i = tl.full([G_PAD], float("-inf"), tl.float32)
         l_i = tl.zeros([G_PAD], tl.float32)
         acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
@@ -210,17 +212,26 @@ def _attention_kernel(
             if (pos >= first) & (pos < last):
                 m_i, l_i, acc = _attend_own_key(q, k_ptr, v_ptr, new_k_ptr, new_v_ptr, row, kv_head, offs_d, d_mask,
                                                 stride_nkt, stride_nkh, stride_nvt, stride_nvh, m_i, l_i, acc)
-        if active == 1:  # the whole row in one span: no partials, no ticket
-            _store_heads(out_ptr, row, heads, offs_d, g_mask, d_mask, stride_ot, stride_oh, acc, l_i)
-        else:
-            ml_ptr = acc_ptr + ml_offset  # the partial maxima and sums follow the partial outputs
-            ticket_ptr = tickets_ptr + row * num_kv_heads + kv_head
-            ticket = _publish_partial(acc_ptr, ml_ptr, ticket_ptr, (row * num_heads + heads) * num_splits + span,
-                                      offs_d, g_mask, m_i, l_i, acc, D_PAD)
-            if ticket == active - 1:  # the last span of (row, kv head) to finish merges them all
-                tl.store(ticket_ptr, 0)  # every span has taken its ticket: ready for the next call
-                _merge_partials(acc_ptr, ml_ptr, out_ptr, row, num_heads, kv_head, num_splits, active,
-                                offs_d, d_mask, stride_ot, stride_oh, GROUP, S_PAD, D_PAD)
+        _finish_span(out_ptr, acc_ptr, tickets_ptr, row, heads, kv_head, span, active, num_heads, num_kv_heads,
+                     num_splits, ml_offset, offs_d, g_mask, d_mask, stride_ot, stride_oh, m_i, l_i, acc,
+                     GROUP, S_PAD, D_PAD)
+
+
+@triton.jit
+def _finish_span(out_ptr, acc_ptr, tickets_ptr, row, heads, kv_head, span, active, num_heads, num_kv_heads,
+                 num_splits, ml_offset, offs_d, g_mask, d_mask, stride_ot, stride_oh, m_i, l_i, acc,
+                 GROUP: tl.constexpr, S_PAD: tl.constexpr, D_PAD: tl.constexpr):
+    if active == 1:  # the whole row in one span: no partials, no ticket
+        _store_heads(out_ptr, row, heads, offs_d, g_mask, d_mask, stride_ot, stride_oh, acc, l_i)
+    else:
+        ml_ptr = acc_ptr + ml_offset  # the partial maxima and sums follow the partial outputs
+        ticket_ptr = tickets_ptr + row * num_kv_heads + kv_head
+        ticket = _publish_partial(acc_ptr, ml_ptr, ticket_ptr, (row * num_heads + heads) * num_splits + span,
+                                  offs_d, g_mask, m_i, l_i, acc, D_PAD)
+        if ticket == active - 1:  # the last span of (row, kv head) to finish merges them all
+            tl.store(ticket_ptr, 0)  # every span has taken its ticket: ready for the next call
+            _merge_partials(acc_ptr, ml_ptr, out_ptr, row, num_heads, kv_head, num_splits, active,
+                            offs_d, d_mask, stride_ot, stride_oh, GROUP, S_PAD, D_PAD)
 
 
 @triton.jit

@@ -39,6 +39,31 @@ _tuned: dict[tuple, tuple[int, int, int]] = {}
 
 
 @triton.jit
+def _with_second_operand(x, r_ptr, h_ptr, r_offs, h_offs, mask, writes_h, ADD: tl.constexpr, SILU_MUL: tl.constexpr):
+    # SILU_MUL: silu(x) * r; ADD: x + r, written to h by the program that `writes_h`; each
+    # rounded to x's dtype where the model's separate ops round
+    r = tl.load(r_ptr + r_offs, mask=mask, other=0.0)
+    if SILU_MUL:
+        g = x.to(tl.float32)
+        act = (g / (1.0 + tl.exp(-g))).to(x.dtype)
+        x = (act.to(tl.float32) * r.to(tl.float32)).to(x.dtype)
+    if ADD:  # h is contiguous: row stride K
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+        if writes_h:
+            tl.store(h_ptr + h_offs, x, mask=mask)
+    return x
+
+
+@triton.jit
+def _accumulate(acc, x, w, USE_DOT: tl.constexpr, IEEE: tl.constexpr):
+    if USE_DOT:
+        if IEEE:
+            return acc + tl.dot(x, tl.trans(w), input_precision="ieee")
+        return acc + tl.dot(x, tl.trans(w))
+    return acc + tl.sum(x.to(tl.float32) * w.to(tl.float32), axis=1)[None, :]
+
+
+@triton.jit
 def _small_m_linear_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
     r_ptr, h_ptr, nw_ptr, stride_rm, eps,
@@ -83,28 +108,14 @@ def _small_m_linear_kernel(
         else:
             w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
         if ADD or SILU_MUL:
-            cols = k + offs_k[None, :]
-            xk_mask = m_mask[:, None] & k_mask[None, :]
-            r = tl.load(r_ptr + offs_m[:, None] * stride_rm + cols, mask=xk_mask, other=0.0)
-        if SILU_MUL:
-            g = x.to(tl.float32)
-            act = (g / (1.0 + tl.exp(-g))).to(x_ptr.dtype.element_ty)
-            x = (act.to(tl.float32) * r.to(tl.float32)).to(x_ptr.dtype.element_ty)
-        if ADD:  # h is contiguous: row stride K
-            x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
-            if pid == 0:
-                tl.store(h_ptr + offs_m[:, None] * K + cols, x, mask=xk_mask)
+            x = _with_second_operand(x, r_ptr, h_ptr, offs_m[:, None] * stride_rm + k + offs_k[None, :],
+                                     offs_m[:, None] * K + k + offs_k[None, :], m_mask[:, None] & k_mask[None, :],
+                                     pid == 0, ADD, SILU_MUL)
         if NORM:
             xf = x.to(tl.float32)
             squares += tl.sum(xf * xf, axis=1)
             x = xf * tl.load(nw_ptr + k + offs_k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
-        if USE_DOT:
-            if IEEE:
-                acc += tl.dot(x, tl.trans(w), input_precision="ieee")
-            else:
-                acc += tl.dot(x, tl.trans(w))
-        else:
-            acc += tl.sum(x.to(tl.float32) * w.to(tl.float32), axis=1)[None, :]
+        acc = _accumulate(acc, x, w, USE_DOT, IEEE)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     if NORM:
