@@ -10,11 +10,12 @@ memory. This pass finds `atom::small_m_linear(X, W, None)` where X is
 - `silu(gate) * up`: calls `atom::silu_mul_linear(gate, up, W)`
 (ops/prologue_linear.py: one launch at one token, the row-wise kernel and the projection above).
 
-Matched as the models spell them and Inductor's decompositions leave them, in 2-D half
-precision: the norm `w * (float(h) * rsqrt(mean(float(h) ** 2, -1, keepdim) + eps)).to(h.dtype)`
+Matched as the models spell them and Inductor's decompositions leave them, in half precision: the norm `w * (float(h) * rsqrt(mean(float(h) ** 2, -1, keepdim) + eps)).to(h.dtype)`
 (factors in either order, `x * x` for the square, any 1-D tensor for w: Gemma's 1 + w too); silu
 as `silu`, `x * sigmoid(x)` or `x / (1 + exp(-x))`, in float32 and cast back or in the half
-dtype. Anything else (3-D rows, a float32 model, another activation) is left as it is.
+dtype; the rows 2-D (an engine's flattened tokens) or 3-D [batch, seq, hidden] flattened by the
+projection (transformers' Linear), whose operands are then reshaped to the op's 2-D rows and the
+sum back. Anything else (a float32 model, another activation) is left as it is.
 """
 
 from __future__ import annotations
@@ -78,9 +79,10 @@ def _rstd_eps(node: object, x: object) -> Optional[float]:
 
 
 def match_rms_norm(normed: object) -> Optional[tuple[fx.Node, fx.Node, float]]:
-    """(h, norm weight, eps) where `normed` is the RMSNorm of the 2-D half-precision `h`, else None."""
+    """(h, norm weight, eps) where `normed` is the RMSNorm of the half-precision rows `h` (2-D,
+    or 3-D [batch, seq, hidden]), else None."""
     out = _val(normed)
-    if out is None or out.dim() != 2 or out.dtype not in _HALF:
+    if out is None or out.dim() not in (2, 3) or out.dtype not in _HALF:
         return None
     weight_first = _other(normed, lambda n: _val(n) is not None and _val(n).dim() == 1)
     if weight_first is None:
@@ -88,12 +90,12 @@ def match_rms_norm(normed: object) -> Optional[tuple[fx.Node, fx.Node, float]]:
     weight, rounded = weight_first
     scaled = _cast(rounded, out.dtype)
     parts = _other(scaled, lambda n: _call(n, aten.rsqrt.default)) if isinstance(scaled, fx.Node) else None
-    if parts is None or _val(weight).dtype != out.dtype or tuple(_val(weight).shape) != (out.shape[1],):
+    if parts is None or _val(weight).dtype != out.dtype or tuple(_val(weight).shape) != (out.shape[-1],):
         return None
     rsqrt, x32 = parts
     h = _cast(x32, torch.float32)
     eps = _rstd_eps(rsqrt, x32)
-    if h is None or eps is None or _val(h) is None or _val(h).dtype != out.dtype or _val(h).dim() != 2:
+    if h is None or eps is None or _val(h) is None or _val(h).dtype != out.dtype or _val(h).shape != out.shape:
         return None
     return h, weight, eps
 
@@ -135,9 +137,10 @@ def _silu_input(act: object, dtype: torch.dtype) -> Optional[fx.Node]:
 
 
 def match_silu_mul(node: object) -> Optional[tuple[fx.Node, fx.Node]]:
-    """(gate, up) where `node` is silu(gate) * up of two 2-D half-precision rows alike, else None."""
+    """(gate, up) where `node` is silu(gate) * up of two half-precision row blocks alike (2-D or
+    3-D), else None."""
     out = _val(node)
-    if out is None or out.dim() != 2 or out.dtype not in _HALF or not _call(node, aten.mul.Tensor):
+    if out is None or out.dim() not in (2, 3) or out.dtype not in _HALF or not _call(node, aten.mul.Tensor):
         return None
     for act, up in (node.args[:2], node.args[1::-1]):
         gate = _silu_input(act, out.dtype)
@@ -146,6 +149,28 @@ def match_silu_mul(node: object) -> Optional[tuple[fx.Node, fx.Node]]:
         if alike:
             return gate, up
     return None
+
+
+_RESHAPES = (aten.reshape.default, aten.view.default, aten._unsafe_view.default)
+
+
+def _rows_of(x: fx.Node) -> fx.Node:
+    """The [batch, seq, hidden] block that the projection's 2-D input `x` flattens (transformers'
+    Linear on 3-D activations), or `x` itself."""
+    inner = x.args[0] if _call(x, *_RESHAPES) else None
+    val, flat = _val(inner), _val(x)
+    if val is None or flat is None or val.dim() != 3 or flat.dim() != 2 or val.shape[-1] != flat.shape[-1]:
+        return x
+    return inner
+
+
+def _reshaped(graph: fx.Graph, node: fx.Node, like: fx.Node) -> fx.Node:
+    """`node` reshaped as `like` (shape and meta), where their shapes differ; else `node`."""
+    if tuple(_val(node).shape) == tuple(_val(like).shape):
+        return node
+    out = graph.call_function(aten.reshape.default, (node, list(_val(like).shape)))
+    out.meta.update({k: v for k, v in like.meta.items() if k in ("val", "tensor_meta")})
+    return out
 
 
 def _chain(normed: fx.Node, stop: set) -> set[fx.Node]:
@@ -167,7 +192,8 @@ def _fuse_one(graph: fx.Graph, node: fx.Node, sums: dict) -> Optional[set[fx.Nod
     from ..ops.prologue_linear import ops
 
     plain, with_add, silu_mul = ops()
-    normed = node.args[0]
+    x = node.args[0]
+    normed = _rows_of(x)  # the ops take 2-D rows: 3-D operands are reshaped as x, sums back as h
     found = match_rms_norm(normed)
     if found is None:
         return _fuse_silu_mul(graph, node, silu_mul)
@@ -177,35 +203,38 @@ def _fuse_one(graph: fx.Graph, node: fx.Node, sums: dict) -> Optional[set[fx.Nod
     order = {n: i for i, n in enumerate(graph.nodes)} if operands is not None else {}
     with graph.inserting_before(node):
         if operands is None:
-            call = graph.call_function(plain, (sums.get(h, h), norm_weight, eps, node.args[1]))
+            call = graph.call_function(plain, (_reshaped(graph, sums.get(h, h), x), norm_weight, eps, node.args[1]))
             call.meta.update(node.meta)
         else:
-            fused = graph.call_function(with_add, (*operands, norm_weight, eps, node.args[1]))
-            fused.meta["val"] = (node.meta["val"], h.meta["val"])
+            flat = [_reshaped(graph, t, x) for t in operands]
+            fused = graph.call_function(with_add, (*flat, norm_weight, eps, node.args[1]))
+            fused.meta["val"] = (node.meta["val"], x.meta["val"])
             call = graph.call_function(operator.getitem, (fused, 0))
             call.meta.update(node.meta)
-            sums[h] = graph.call_function(operator.getitem, (fused, 1))
-            sums[h].meta.update(h.meta)
+            total = graph.call_function(operator.getitem, (fused, 1))
+            total.meta["val"] = x.meta["val"]
+            sums[h] = _reshaped(graph, total, h)
     node.replace_all_uses_with(call)
     graph.erase_node(node)
     if operands is not None:  # the sum's later readers take the fused op's; earlier ones keep h
         for user in list(h.users):
             if user in order and order[user] > order[node]:
                 user.replace_input_with(h, sums[h])
-    return _chain(normed, {h, norm_weight}) | {h}
+    return _chain(x, {h, norm_weight}) | {h}
 
 
 def _fuse_silu_mul(graph: fx.Graph, node: fx.Node, target) -> Optional[set[fx.Node]]:
-    product = node.args[0]
+    x = node.args[0]
+    product = _rows_of(x)
     found = match_silu_mul(product)
     if found is None:
         return None
     with graph.inserting_before(node):
-        call = graph.call_function(target, (*found, node.args[1]))
+        call = graph.call_function(target, (*[_reshaped(graph, t, x) for t in found], node.args[1]))
     call.meta.update(node.meta)
     node.replace_all_uses_with(call)
     graph.erase_node(node)
-    return _chain(product, set(found))
+    return _chain(x, set(found))
 
 
 def fuse_prologues(graph: fx.Graph) -> int:

@@ -220,19 +220,23 @@ class _CpuPasses(CustomGraphPass):
         return None  # never cached: each compile runs the pass
 
 
-@pytest.mark.parametrize("kind", ["atom", "transformers"])
-def test_inductor_graphs_of_real_layers_are_fused_and_match_eager(kind):
+@pytest.mark.parametrize("kind,shape", [("atom", (1, 64)), ("transformers", (1, 64)), ("transformers", (1, 1, 64)),
+                                        ("transformers", (2, 3, 64))])
+def test_inductor_graphs_of_real_layers_are_fused_and_match_eager(kind, shape):
+    """2-D rows (an engine's flattened tokens) and transformers' [batch, seq, hidden], which its
+    Linear flattens: the norm's operands are reshaped to the op's rows and the sum back."""
     layer = _Layer(kind).to(BF16)
     passes = _CpuPasses()
     torch._dynamo.reset()
     compiled = torch.compile(layer, backend="inductor", fullgraph=True, dynamic=False,
                              options={"post_grad_custom_post_pass": passes, "fx_graph_cache": False})
     gen = torch.Generator().manual_seed(3)
-    x, r = torch.randn(1, 64, generator=gen).to(BF16), torch.randn(1, 64, generator=gen).to(BF16)
+    x, r = torch.randn(*shape, generator=gen).to(BF16), torch.randn(*shape, generator=gen).to(BF16)
     with torch.no_grad():
         got, want = compiled(x, r), layer(x, r)
     # the norm (with the add before it) into gate_up, or into gate and up (transformers' MLP:
     # the second reads the first's sum); the SiLU-and-mul into down
     assert passes.fused == [{"atom": 2, "transformers": 3}[kind]]
     for g, w in zip(got, want):
+        assert g.shape == w.shape
         torch.testing.assert_close(g, w, atol=2e-2, rtol=2e-2)
