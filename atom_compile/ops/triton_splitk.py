@@ -30,6 +30,7 @@ ROWS = 16  # tl.dot takes at least 16 rows: 2..8 real rows, padded
 CONFIGS = [(16, 256, 4, 4), (16, 256, 1, 4), (16, 256, 2, 4), (16, 128, 4, 4), (16, 256, 8, 4), (16, 128, 8, 4),
            (32, 256, 2, 4), (32, 256, 4, 4), (32, 128, 8, 4), (16, 512, 4, 4)]
 _tickets: dict = {}
+_retired: list = []  # counters a larger request replaced: a recorded graph may still use them
 
 
 @triton.jit
@@ -102,11 +103,14 @@ def slices(k: int, block_k: int, split: int) -> tuple[int, int]:
 def counters(blocks: int, device: torch.device) -> Optional[torch.Tensor]:
     """The int32 ticket counters on `device` (at least `blocks`), zeroed when made; None inside
     a capture when there are none large enough (a zeroing would be recorded, not run: the
-    caller then takes one slice, which needs none). Each call leaves them at 0."""
+    caller then takes one slice, which needs none). Each call leaves them at 0; calls share
+    them in stream order (with PDL, a launch touches them only after its wait)."""
     current = _tickets.get(device)
     if current is None or current.numel() < blocks:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
+        if current is not None:
+            _retired.append(current)
         current = torch.zeros(max(blocks, 4096), dtype=torch.int32, device=device)
         _tickets[device] = current
     return current
