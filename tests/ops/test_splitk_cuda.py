@@ -1,0 +1,52 @@
+"""The split-K dots for 2..8 rows (ops/triton_splitk.py) on the GPU, bf16 at Llama-3.2-1B's
+decode shapes: every candidate against F.linear, eagerly and replayed in a CUDA graph (the
+prefetching variant, with PDL), the ticket counters back at 0 after each."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.cuda
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA or ROCm device", allow_module_level=True)
+pytest.importorskip("triton")
+
+from atom_compile.ops import triton_linear, triton_splitk  # noqa: E402
+
+BF16 = torch.bfloat16
+
+
+def _close(got, x, w, b):
+    want = torch.nn.functional.linear(x.float(), w.float(), None if b is None else b.float())
+    assert ((got.float() - want).norm() / want.norm()).item() < 1e-2
+
+
+@pytest.mark.parametrize("m", [2, 5, 8])
+@pytest.mark.parametrize("n,k", [(3072, 2048), (2048, 8192), (1000, 130)])
+def test_every_candidate_matches_linear_eagerly_and_in_a_graph(m, n, k):
+    g = torch.Generator(device="cuda").manual_seed(m + n)
+    x = torch.randn(m, k, device="cuda", generator=g, dtype=BF16)
+    w = torch.randn(n, k, device="cuda", generator=g, dtype=BF16) / k ** 0.5
+    b = torch.randn(n, device="cuda", generator=g, dtype=BF16) if m == 5 else None
+    for config in triton_splitk.CONFIGS:
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=BF16)
+        triton_splitk.launch(x, w, b, out, config)
+        _close(out, x, w, b)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            triton_splitk.launch(x, w, b, out, config)
+        for _ in range(2):
+            x.normal_(generator=g)
+            out.fill_(float("nan"))
+            graph.replay()
+            _close(out, x, w, b)
+        assert int(triton_splitk._tickets[x.device].abs().sum()) == 0, config
+
+
+def test_the_entry_point_tunes_and_keeps_the_choice(monkeypatch):
+    monkeypatch.setattr(triton_linear, "SPLIT_K_ROWS", True)
+    x = torch.randn(8, 2048, device="cuda", dtype=BF16)
+    w = torch.randn(2048, 2048, device="cuda", dtype=BF16) / 2048 ** 0.5
+    _close(triton_linear.small_m_linear(x, w), x, w, None)
+    assert triton_linear._tuned[("split_k", 2048, 2048, BF16, False)] in triton_splitk.CONFIGS
