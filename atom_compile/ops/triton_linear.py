@@ -56,11 +56,16 @@ def _with_second_operand(x, r_ptr, h_ptr, r_offs, h_offs, mask, writes_h, ADD: t
 
 @triton.jit
 def _accumulate(acc, x, w, USE_DOT: tl.constexpr, IEEE: tl.constexpr):
+    # one return at the end: Triton 3.6 compiles the statements after a return inside a
+    # constexpr branch too (a dot-path call then fails on the GEMV line's shapes)
     if USE_DOT:
         if IEEE:
-            return acc + tl.dot(x, tl.trans(w), input_precision="ieee")
-        return acc + tl.dot(x, tl.trans(w))
-    return acc + tl.sum(x.to(tl.float32) * w.to(tl.float32), axis=1)[None, :]
+            acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+        else:
+            acc += tl.dot(x, tl.trans(w))
+    else:
+        acc += tl.sum(x.to(tl.float32) * w.to(tl.float32), axis=1)[None, :]
+    return acc
 
 
 @triton.jit
