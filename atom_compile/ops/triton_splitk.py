@@ -28,7 +28,9 @@ from .triton_launch import FastLaunch, cdiv
 ROWS = 16  # tl.dot takes at least 16 rows: 2..8 real rows, padded
 # (BLOCK_N, BLOCK_K, SPLIT, num_warps); SPLIT is at most this many slices of K
 CONFIGS = [(16, 256, 4, 4), (16, 256, 1, 4), (16, 256, 2, 4), (16, 128, 4, 4), (16, 256, 8, 4), (16, 128, 8, 4),
-           (32, 256, 2, 4), (32, 256, 4, 4), (32, 128, 8, 4), (16, 512, 4, 4)]
+           (32, 256, 2, 4), (32, 256, 4, 4), (32, 128, 8, 4), (16, 512, 4, 4),
+           # wide column blocks for wide layers (an MLP's gate/up: thousands of columns already)
+           (64, 128, 1, 4), (64, 256, 1, 8), (128, 128, 1, 8), (64, 128, 2, 4)]
 _tickets: dict = {}
 _retired: list = []  # counters a larger request replaced: a recorded graph may still use them
 

@@ -49,4 +49,22 @@ def test_the_entry_point_tunes_and_keeps_the_choice(monkeypatch):
     x = torch.randn(8, 2048, device="cuda", dtype=BF16)
     w = torch.randn(2048, 2048, device="cuda", dtype=BF16) / 2048 ** 0.5
     _close(triton_linear.small_m_linear(x, w), x, w, None)
-    assert triton_linear._tuned[("split_k", 2048, 2048, BF16, False)] in triton_splitk.CONFIGS
+    assert triton_linear._tuned[("split_k", 2048, 2048, BF16, False)] in triton_linear._split_k_candidates()
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_library_choice_matches_linear_eagerly_and_in_a_graph(monkeypatch, bias):
+    # a shape that cuBLAS reads faster keeps cuBLAS: the same op, the same output buffer
+    monkeypatch.setattr(triton_linear, "SPLIT_K_ROWS", True)
+    x = torch.randn(6, 1024, device="cuda", dtype=BF16)
+    w = torch.randn(3000, 1024, device="cuda", dtype=BF16) / 32
+    b = torch.randn(3000, device="cuda", dtype=BF16) if bias else None
+    monkeypatch.setitem(triton_linear._tuned, ("split_k", 3000, 1024, BF16, bias), triton_linear.LIBRARY)
+    out = triton_linear.small_m_linear(x, w, b)
+    _close(out, x, w, b)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = triton_linear.small_m_linear(x, w, b)
+    x.normal_()
+    graph.replay()
+    _close(out, x, w, b)

@@ -69,3 +69,13 @@ def test_the_entry_point_takes_it_for_few_rows_when_on(monkeypatch):
     assert tl_.supported(x, w, b)
     torch.testing.assert_close(tl_.small_m_linear(x, w, b).float(), want, atol=2e-3, rtol=2e-3)
     assert ("split_k", 48, 256, x.dtype, True) in tl_._tuned
+
+
+def test_the_library_choice_is_the_same_op(monkeypatch):
+    from atom_compile.ops import triton_linear as tl_
+
+    monkeypatch.setattr(tl_, "SPLIT_K_ROWS", True)
+    for bias in (False, True):
+        x, w, b, want = _case(3, 40, 96, bias=bias)
+        monkeypatch.setitem(tl_._tuned, ("split_k", 40, 96, x.dtype, bias), tl_.LIBRARY)
+        torch.testing.assert_close(tl_.small_m_linear(x, w, b).float(), want, atol=2e-3, rtol=2e-3)
