@@ -10,7 +10,8 @@ memory. This pass finds `atom::small_m_linear(X, W, None)` where X is
 - `silu(gate) * up`: calls `atom::silu_mul_linear(gate, up, W)`
 (ops/prologue_linear.py: one launch at one token, the row-wise kernel and the projection above).
 
-Matched as the models spell them and Inductor's decompositions leave them, in half precision: the norm `w * (float(h) * rsqrt(mean(float(h) ** 2, -1, keepdim) + eps)).to(h.dtype)`
+Matched as the models spell them and Inductor's decompositions leave them, in half precision:
+the norm `w * (float(h) * rsqrt(mean(float(h) ** 2, -1, keepdim) + eps)).to(h.dtype)`
 (factors in either order, `x * x` for the square, any 1-D tensor for w: Gemma's 1 + w too); silu
 as `silu`, `x * sigmoid(x)` or `x / (1 + exp(-x))`, in float32 and cast back or in the half
 dtype; the rows 2-D (an engine's flattened tokens) or 3-D [batch, seq, hidden] flattened by the
