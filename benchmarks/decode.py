@@ -155,6 +155,7 @@ def run_arm(name: str, batches: list[int], context: int, steps: int, block: int)
 def _run_atom(cc: dict, batches: list[int], context: int, steps: int, block: int, max_seqs: int) -> tuple[dict, dict]:
     import atom_compile as ac
     from atom_compile.runtime import ModelRunner
+    from atom_compile.runtime.graphs import reset_graph_pool
 
     cfg, model, builder, bps = build(cc, max_seqs, context, block)
     runner = ModelRunner(model, cfg, builder)
@@ -162,8 +163,11 @@ def _run_atom(cc: dict, batches: list[int], context: int, steps: int, block: int
     ids, pos, meta, ctx = builder.build_for_capture(max_seqs, 1)
     with torch.inference_mode(), ac.set_forward_context(meta, cfg, ctx, no_compile_layers=model.no_compile_layers):
         model(ids, pos)
+    reset_graph_pool()  # this arm's graphs only: the arms before it are gone
     seconds, sizes = runner.capture_cudagraph()
-    extra = {"capture_seconds": seconds, "captured_sizes": len(sizes)}
+    pool = list(runner.capture_pool_bytes.values())
+    extra = {"capture_seconds": seconds, "captured_sizes": len(sizes),
+             "pool_ratio": pool[-1] / pool[0] if pool and pool[0] else None, "pool_mib": pool[-1] / 2**20 if pool else 0}
     out = {}
     for b in batches:
         inputs, scope = runner.prepare(decode_steps(b, context, bps))
@@ -291,6 +295,10 @@ def _goals(results: dict, batches: list[int], llama) -> None:
         print(f"capture of the default ladder ({extra[full].get('captured_sizes')} sizes): "
               f"{full} {extra[full].get('capture_seconds', 0):.1f}s, "
               f"{hybrid} {extra.get(hybrid, {}).get('capture_seconds', 0):.1f}s (goal < 30s)")
+        for arm in (full, hybrid):
+            if extra.get(arm, {}).get("pool_ratio") is not None:
+                print(f"{arm} graph pool: {extra[arm]['pool_mib']:.1f} MiB for the ladder, "
+                      f"{extra[arm]['pool_ratio']:.2f}x the largest size's alone (goal <= 1.25)")
 
 
 def _weight_bytes(cfg) -> int:

@@ -74,6 +74,9 @@ class ModelRunner:
         self.max_q_len = config.max_q_len
         self.req_graph = ReqGraph()
         self.graphed_sizes: list[int] = []
+        # the shared graph pool's bytes after the first (largest) size's recording and after the
+        # last: what the largest graph needs alone, what the whole ladder holds
+        self.capture_pool_bytes: dict[int, int] = {}
         self.no_compile_layers = getattr(model, "no_compile_layers", None) or config.no_compile_layers
 
     # --- what a step replays ---------------------------------------------------------------
@@ -113,6 +116,7 @@ class ModelRunner:
         jit_watch.stop_watching()
         start = time.perf_counter()
         sizes = sorted(self.capture_sizes, reverse=True)
+        self.capture_pool_bytes = {}
         show = _rank0() and sys.stderr.isatty()
         from tqdm import tqdm
 
@@ -122,8 +126,11 @@ class ModelRunner:
         torch.cuda.synchronize()
         self.graphed_sizes = sorted(sizes)
         elapsed = time.perf_counter() - start
+        if sizes:
+            self.capture_pool_bytes[sizes[-1]] = graph_pool_bytes()
         logger.info("atom-compile: captured %d sizes (%s) in %.2fs; the graph pool holds %.1f MiB",
-                    len(sizes), self.mode.name, elapsed, graph_pool_bytes() / 2**20)
+                    len(sizes), self.mode.name, elapsed, self.capture_pool_bytes.get(sizes[-1], 0) / 2**20
+                    if sizes else 0.0)
         jit_watch.mark_warmed_up()  # from here on a Triton compile is a shape the warm-up missed
         return elapsed, list(self.graphed_sizes)
 
@@ -131,6 +138,8 @@ class ModelRunner:
         """Record `sizes` (descending), within cudagraph_memory_budget when set; the recorded."""
         def one(bs: int) -> None:
             self._capture_one(bs)
+            if not self.capture_pool_bytes:  # a snapshot costs ms: after the first and the last only
+                self.capture_pool_bytes[bs] = graph_pool_bytes()
             bar.update(1)
 
         budget = self.config.cudagraph_memory_budget

@@ -110,6 +110,9 @@ def _run(mode: CUDAGraphMode, level: int, cache_root, forced: list | None = None
     runner = ModelRunner(model, cfg, builder)
     before = compilation_counter.clone()
     seconds, sizes = runner.capture_cudagraph()
+    if sizes:  # the pool after the largest size and after the ladder, which reuses the largest's memory
+        pool = list(runner.capture_pool_bytes.values())
+        assert len(pool) == min(2, len(sizes)) and pool[0] <= pool[-1], runner.capture_pool_bytes
     captured = compilation_counter.num_cudagraph_captured - before.num_cudagraph_captured
     engine = Engine(runner, num_blocks, forced=forced)
     _schedule(engine)
