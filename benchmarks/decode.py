@@ -233,7 +233,11 @@ def main() -> None:
         times, extra = run_arm(arm, batches, args.context, args.steps, block)
         results["arms"][arm] = {b: s * 1e3 for b, s in times.items()}
         results["extra"][arm] = dict(extra, wall_seconds=time.perf_counter() - t)
-        print(f"{arm:16s} " + "  ".join(f"bs{b}={s * 1e3:.3f}ms" for b, s in times.items()), flush=True)
+        pool = f"  pool {extra['pool_mib']:.0f} MiB ({extra['pool_ratio']:.2f}x largest)" \
+            if extra.get("pool_ratio") else ""
+        print(f"{arm:16s} " + "  ".join(f"bs{b}={s * 1e3:.3f}ms" for b, s in times.items())
+              + (f"  capture {extra['capture_seconds']:.1f}s" if "capture_seconds" in extra else "") + pool,
+              flush=True)
         torch._dynamo.reset()
         torch.cuda.empty_cache()
 
