@@ -24,15 +24,33 @@ except ImportError:  # pragma: no cover - a Triton without the CUDA backend
 ROOT = Path(__file__).parents[2]
 
 
-def test_plain_variants_read_nothing_before_the_wait_and_prefetching_ones_do(tmp_path):
+# the shared memory one block of an H100 or H200 may ask for (227 KiB)
+HOPPER_SHARED = 232448
+
+
+def _compile(tmp_path, *args) -> list[dict]:
     env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path), PYTHONPATH=str(ROOT))
     env.pop("TRITON_INTERPRET", None)
-    proc = subprocess.run([sys.executable, str(ROOT / "tests/ops/hopper/ptx_order.py")], env=env, cwd=ROOT,
+    proc = subprocess.run([sys.executable, str(ROOT / "tests/ops/hopper/ptx_order.py"), *args], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     if proc.returncode != 0 and "ptxas" in proc.stderr and "not found" in proc.stderr.lower():
         pytest.skip("Triton's ptxas is not on this machine")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def test_every_multi_row_block_shape_compiles_and_fits_hopper(tmp_path):
+    from atom_compile.ops import triton_linear, triton_splitk
+
+    rows = _compile(tmp_path, "--every-shape")
+    dots = [c for c in triton_linear.CONFIGS if triton_linear._fits(c, 16)]
+    assert len(rows) == 2 * len(triton_splitk.CONFIGS) + len(dots), rows
+    for row in rows:
+        assert 0 < row["shared"] <= HOPPER_SHARED, row
+
+
+def test_plain_variants_read_nothing_before_the_wait_and_prefetching_ones_do(tmp_path):
+    rows = _compile(tmp_path)
     assert len(rows) == 15, proc.stdout
     for row in rows:
         assert row["launch_pdl"] and row["waits"] >= 1, row

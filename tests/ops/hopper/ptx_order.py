@@ -6,6 +6,7 @@ per variant."""
 from __future__ import annotations
 
 import json
+import sys
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -78,7 +79,28 @@ VARIANTS = [
 ]
 
 
+def every_shape() -> None:
+    """Every block shape the multi-row paths may time (split-K and its prefetching twin, the
+    padded dots): it compiles for sm_90, and the shared memory it asks for."""
+    from atom_compile.ops import triton_linear, triton_splitk
+
+    for shape in triton_splitk.CONFIGS:
+        block_n, block_k, split, warps = shape
+        for prefetch in (False, True):
+            kernel = compile_for_hopper(_split_k_kernel, dict(HAS_BIAS=True, BLOCK_N=block_n, BLOCK_K=block_k,
+                                                              SPLIT=split, PDL=True, PREFETCH=prefetch), warps)
+            print(json.dumps({"kernel": "split-k", "shape": shape, "shared": kernel.metadata.shared}), flush=True)
+    for shape in (c for c in triton_linear.CONFIGS if triton_linear._fits(c, 16)):
+        block_n, block_k, warps = shape
+        kernel = compile_for_hopper(_small_m_linear_kernel, _linear(True, BLOCK_M=16, BLOCK_N=block_n,
+                                                                    BLOCK_K=block_k, USE_DOT=True), warps)
+        print(json.dumps({"kernel": "padded dots", "shape": shape, "shared": kernel.metadata.shared}), flush=True)
+
+
 def main() -> None:
+    if sys.argv[1:] == ["--every-shape"]:
+        every_shape()
+        return
     for name, fn, constexprs, warps in VARIANTS:
         kernel = compile_for_hopper(fn, constexprs, warps)
         waits, before, after = load_order(kernel.asm["ptx"])
