@@ -114,6 +114,13 @@ def pdl() -> bool:
     return _not_off("ATOM_COMPILE_PDL")
 
 
+def split_k_rows() -> bool:
+    """ATOM_COMPILE_SPLIT_K=1 runs 2-8 rows of a narrow projection on our split-K dots where
+    they time faster than the library GEMM (ops/triton_splitk.py); off by default until the
+    decode step is measured with it. A runtime choice inside the op: no compiled code changes."""
+    return _flag("ATOM_COMPILE_SPLIT_K")
+
+
 def group_owners() -> int | None:
     """ATOM_COMPILE_GROUP_OWNERS: at most this many ranks of a group compile the pieces they
     share; `auto` (the default) picks the count from the pieces' size, so a few small pieces

@@ -93,3 +93,11 @@ def test_group_compile_switch_and_group_type(monkeypatch):
     with pytest.raises(ac.AtomCompileError, match="set_compile_group: got str"):
         groups.set_compile_group("world")
     groups.set_compile_group(None)
+
+
+def test_split_k_switch_is_off_unless_asked(monkeypatch):
+    monkeypatch.delenv("ATOM_COMPILE_SPLIT_K", raising=False)
+    assert envs.split_k_rows() is False
+    for value, on in (("1", True), ("true", True), ("0", False), ("off", False), ("", False)):
+        monkeypatch.setenv("ATOM_COMPILE_SPLIT_K", value)
+        assert envs.split_k_rows() is on, value

@@ -22,6 +22,7 @@ try:
 except ImportError:  # an older layout: no config is skipped for its size
     OutOfResources = ()  # type: ignore[assignment,misc]
 
+from .. import envs
 from . import pdl, tuning
 from .pdl import wait_then_release
 from .triton_launch import FastLaunch, cdiv, next_power_of_2
@@ -225,9 +226,14 @@ def _bench(fn) -> float:
 DOT_MIN_N = 32768
 
 
-# 2..MAX_M rows of a narrower layer on the split-K dots (ops/triton_splitk.py) rather than
-# cuBLAS: off until measured in the decode step on a GPU (benchmarks/decode.py -splitk arms)
-SPLIT_K_ROWS = False
+# 2..MAX_M rows of a narrower layer on the split-K dots (ops/triton_splitk.py), each shape
+# timed against the library GEMM: None reads ATOM_COMPILE_SPLIT_K (off by default until measured
+# in the decode step on a GPU: benchmarks/decode.py -splitk arms); True / False override it
+SPLIT_K_ROWS: Optional[bool] = None
+
+
+def _split_k_rows() -> bool:
+    return SPLIT_K_ROWS if SPLIT_K_ROWS is not None else envs.split_k_rows()
 
 
 def supported(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
@@ -235,7 +241,7 @@ def supported(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor
     MAX_M rows for at least DOT_MIN_N outputs, or any with SPLIT_K_ROWS), a row-major weight of
     the same dtype, unit inner strides."""
     rows = x.shape[0] if x.dim() == 2 else 0
-    wide = weight.dim() == 2 and (weight.shape[0] >= DOT_MIN_N or SPLIT_K_ROWS)
+    wide = weight.dim() == 2 and (weight.shape[0] >= DOT_MIN_N or (rows > 1 and _split_k_rows()))
     return (x.dim() == 2 and (rows == 1 or (0 < rows <= MAX_M and wide)) and x.dtype in (torch.float16, torch.bfloat16)
             and weight.dim() == 2 and weight.dtype == x.dtype and weight.shape[1] == x.shape[1]
             and x.stride(1) == 1 and weight.stride(1) == 1

@@ -9,8 +9,9 @@ that takes a column block's last ticket (an acq_rel counter, as the attention's 
 in slice order (the same result whichever program is last), adds the bias and stores. One
 launch; the counters are left at 0 for the next call, so CUDA-graph replays need no memset.
 
-Off by default (`triton_linear.SPLIT_K_ROWS`) until the GPU measures it against cuBLAS in the
-decode step.
+Off by default (`ATOM_COMPILE_SPLIT_K=1`, or `triton_linear.SPLIT_K_ROWS`) until the GPU
+measures it in the decode step; where on, each shape is timed against the library GEMM as well,
+which keeps the shapes it reads faster.
 """
 
 from __future__ import annotations

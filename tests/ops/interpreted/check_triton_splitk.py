@@ -64,7 +64,12 @@ def test_the_entry_point_takes_it_for_few_rows_when_on(monkeypatch):
     from atom_compile.ops import triton_linear as tl_
 
     x, w, b, want = _case(4, 48, 256, bias=True)
+    monkeypatch.delenv("ATOM_COMPILE_SPLIT_K", raising=False)
     assert not tl_.supported(x, w, b)  # off by default: cuBLAS
+    monkeypatch.setenv("ATOM_COMPILE_SPLIT_K", "1")
+    assert tl_.supported(x, w, b) and tl_.supported(x[:1], w, b)  # one row: the GEMV either way
+    monkeypatch.setattr(tl_, "SPLIT_K_ROWS", False)  # the module switch overrides the variable
+    assert not tl_.supported(x, w, b)
     monkeypatch.setattr(tl_, "SPLIT_K_ROWS", True)
     assert tl_.supported(x, w, b)
     torch.testing.assert_close(tl_.small_m_linear(x, w, b).float(), want, atol=2e-3, rtol=2e-3)
