@@ -23,7 +23,7 @@ except ImportError:  # an older layout: no config is skipped for its size
     OutOfResources = ()  # type: ignore[assignment,misc]
 
 from .. import envs
-from . import pdl, tuning
+from . import pdl, triton_splitk, tuning
 from .pdl import wait_then_release
 from .triton_launch import FastLaunch, cdiv, next_power_of_2
 
@@ -276,16 +276,12 @@ LIBRARY = (0, 0, 0, 0)
 
 
 def _split_k_candidates() -> list:
-    from . import triton_splitk
-
     return [*triton_splitk.CONFIGS, LIBRARY]
 
 
 def _split_k_or_library(x, weight, bias, out, config) -> torch.Tensor:
     if config == LIBRARY:
         return torch.addmm(bias, x, weight.t(), out=out) if bias is not None else torch.mm(x, weight.t(), out=out)
-    from . import triton_splitk
-
     triton_splitk.launch(x, weight, bias, out, config)
     return out
 

@@ -126,11 +126,11 @@ class ModelRunner:
         torch.cuda.synchronize()
         self.graphed_sizes = sorted(sizes)
         elapsed = time.perf_counter() - start
+        pool = graph_pool_bytes()
         if sizes:
-            self.capture_pool_bytes[sizes[-1]] = graph_pool_bytes()
+            self.capture_pool_bytes[sizes[-1]] = pool
         logger.info("atom-compile: captured %d sizes (%s) in %.2fs; the graph pool holds %.1f MiB",
-                    len(sizes), self.mode.name, elapsed, self.capture_pool_bytes.get(sizes[-1], 0) / 2**20
-                    if sizes else 0.0)
+                    len(sizes), self.mode.name, elapsed, pool / 2**20)
         jit_watch.mark_warmed_up()  # from here on a Triton compile is a shape the warm-up missed
         return elapsed, list(self.graphed_sizes)
 
