@@ -25,6 +25,7 @@ import typing
 from typing import Any, Callable, Iterator, Optional, Union
 
 import torch
+from torch._dynamo.exc import TensorifyScalarRestartAnalysis
 
 from . import envs, layer_regions
 from .backends import aot, strict
@@ -230,6 +231,7 @@ class CompiledDispatcher:
         cls = type(self)
         cc = self._atom_cc
         with_regions = cc.trace_layers_once
+        restarts = 0
         while True:
             backend = AtomBackend(self.atom_config if self.atom_config is not None else cc, prefix,
                                   extra_traced_files=[inspect.getfile(cls)], serializable=True,
@@ -249,6 +251,12 @@ class CompiledDispatcher:
             except Exception as exc:
                 if isinstance(exc, (BufferMutationError, RecompileError, CacheRequired)):
                     raise
+                # aot_compile calls the backend after Dynamo's restart loop, so a restart the backend
+                # asks for (floats.py: a float Dynamo made dynamic, e.g. a second model's different
+                # attention scale) reaches us: trace again, the float now marked to specialise.
+                if _error_in(exc, TensorifyScalarRestartAnalysis) is not None and restarts < 8:
+                    restarts += 1
+                    continue
                 if marked and isinstance(_atom_error_in(exc), (type(None), RegionInlineError)):
                     compilation_counter.num_region_fallbacks += 1
                     logger.info("atom-compile: %s: tracing its %d alike layers once failed (%s: %s); "
@@ -301,10 +309,15 @@ class CompiledDispatcher:
 
 def _atom_error_in(exc: BaseException) -> Optional[BaseException]:
     """Our own error behind `exc` (Dynamo wraps what a backend raises), or None."""
+    return _error_in(exc, AtomCompileError)
+
+
+def _error_in(exc: BaseException, kind: type) -> Optional[BaseException]:
+    """The first error of type `kind` in `exc`'s chain of wrapped errors and causes, or None."""
     seen: set[int] = set()
     current: Optional[BaseException] = exc
     while current is not None and id(current) not in seen:
-        if isinstance(current, AtomCompileError):
+        if isinstance(current, kind):
             return current
         seen.add(id(current))
         current = getattr(current, "inner_exception", None) or current.__cause__

@@ -72,6 +72,31 @@ def test_config_through_the_context_manager_and_second_instance_with_other_weigh
     assert a._atom_dispatch is not b._atom_dispatch
 
 
+@ac.support_torch_compile
+class ScaledModel(nn.Module):
+    """A Python float attribute in forward: a second instance with another value makes Dynamo
+    trace it as a dynamic float, which the backend turns back into a constant by a restart."""
+
+    def __init__(self, scale: float):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        torch.ops.silly.attention(x * self.scale, x, x, out)
+        return out * self.scale + 1
+
+
+def test_a_second_instance_with_another_float_compiles_and_matches_eager():
+    torch._dynamo.reset()  # the float's history is per code object: start from none
+    x = torch.randn(6, 4)
+    for scale in (0.5, 0.125, 3.0):
+        model = ScaledModel(scale, compilation_config=_cfg())
+        with compilation_counter.expect(num_graphs_seen=1):
+            got = model(x)
+        assert torch.allclose(got, ScaledModel.forward(model, x)), scale
+
+
 def test_two_instances_with_different_configs_never_share_code():
     a = SillyModel(compilation_config=_cfg(level=3))
     b = SillyModel(compilation_config=_cfg(level=2))
