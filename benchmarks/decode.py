@@ -167,6 +167,7 @@ def _run_atom(cc: dict, batches: list[int], context: int, steps: int, block: int
     seconds, sizes = runner.capture_cudagraph()
     pool = list(runner.capture_pool_bytes.values())
     extra = {"capture_seconds": seconds, "captured_sizes": len(sizes),
+             "capture_first_seconds": runner.capture_first_seconds,
              "pool_ratio": pool[-1] / pool[0] if pool and pool[0] else None, "pool_mib": pool[-1] / 2**20 if pool else 0}
     out = {}
     for b in batches:
@@ -236,7 +237,8 @@ def main() -> None:
         pool = f"  pool {extra['pool_mib']:.0f} MiB ({extra['pool_ratio']:.2f}x largest)" \
             if extra.get("pool_ratio") else ""
         print(f"{arm:16s} " + "  ".join(f"bs{b}={s * 1e3:.3f}ms" for b, s in times.items())
-              + (f"  capture {extra['capture_seconds']:.1f}s" if "capture_seconds" in extra else "") + pool,
+              + (f"  capture {extra['capture_seconds']:.1f}s (first size {extra['capture_first_seconds']:.1f}s)"
+                 if "capture_seconds" in extra else "") + pool,
               flush=True)
         torch._dynamo.reset()
         torch.cuda.empty_cache()

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterator, Optional
 
 import torch
+import torch.utils._pytree as pytree
 
 from ..counters import compilation_counter
 from ..errors import AtomTypeError, AtomValueError
@@ -38,7 +39,9 @@ def graph_pool() -> Any:
     """The memory pool every recording shares: the pool is the largest recording's, not the sum.
 
     Sound because recordings never overlap in use: a step consumes its graph's output before
-    the next replay, and memory a recording keeps referenced is never handed to another.
+    the next replay. A recording keeps its intermediates referenced, so they are never handed to
+    another; its output it does not keep (`pool_alias`), so the next recording may reuse that
+    memory: a replay's output is valid until the next replay of any recording in the pool.
     """
     global _pool
     if _pool is None or not _pool_users:
@@ -53,6 +56,30 @@ def graph_pool_bytes() -> int:
     pool = tuple(_pool)
     return sum(seg["total_size"] for seg in torch.cuda.memory_snapshot()
                if tuple(seg.get("segment_pool_id", ())) == pool)
+
+
+def pool_alias(output: Any) -> Any:
+    """`output` with each CUDA tensor replaced by a view that does not own its memory.
+
+    Kept strongly, every recording's output would stay allocated in the pool, one per size: at
+    40 sizes of a decode ladder that is the sum of all their outputs (30 MiB for a 1B model) over
+    the largest recording's. Freed once recorded, the memory goes back to the pool, the next
+    (smaller) recording reuses it, and the pool is the largest recording's alone. The recording
+    still writes its output there on replay. Torch without the non-owning storage constructor
+    (the one its own CUDA-graph trees use) keeps the output.
+    """
+    make = getattr(torch._C, "_construct_storage_from_data_pointer", None)
+    if make is None:
+        return output
+
+    def alias(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor) or not t.is_cuda:
+            return t
+        storage = t.untyped_storage()
+        weak = make(storage.data_ptr(), t.device, storage.nbytes())
+        return torch.empty((0,), dtype=t.dtype, device=t.device).set_(weak, t.storage_offset(), t.shape, t.stride())
+
+    return pytree.tree_map(alias, output)
 
 
 def _uses_pool(graph: torch.cuda.CUDAGraph) -> None:
@@ -106,6 +133,7 @@ class ReqGraph:
             with torch.cuda.graph(graph, pool=graph_pool(), capture_error_mode="thread_local"):
                 output = fn()
         _uses_pool(graph)
+        output = pool_alias(output)
         self.graphs[bucket] = (graph, output)
         compilation_counter.num_cudagraph_captured += 1
         return output
@@ -234,6 +262,7 @@ class TokenGraph:
                     if recorder._graph is not None:
                         recorder.end()
             torch.cuda.current_stream().wait_stream(stream)
+        output = pool_alias(output)
         self.recordings[key] = Recording(recorder.segments, recorder.regions, tuple(inputs), output)
         self._phase_sizes[phase].add(rows)
         compilation_counter.num_cudagraph_captured += len(recorder.segments)

@@ -77,6 +77,8 @@ class ModelRunner:
         # the shared graph pool's bytes after the first (largest) size's recording and after the
         # last: what the largest graph needs alone, what the whole ladder holds
         self.capture_pool_bytes: dict[int, int] = {}
+        # seconds of the first size's capture, its warm-up's kernel compiles and tuning included
+        self.capture_first_seconds = 0.0
         self.no_compile_layers = getattr(model, "no_compile_layers", None) or config.no_compile_layers
 
     # --- what a step replays ---------------------------------------------------------------
@@ -137,9 +139,11 @@ class ModelRunner:
     def _capture_sizes(self, sizes: list[int], bar: Any) -> list[int]:
         """Record `sizes` (descending), within cudagraph_memory_budget when set; the recorded."""
         def one(bs: int) -> None:
+            start = time.perf_counter()
             self._capture_one(bs)
             if not self.capture_pool_bytes:  # a snapshot costs ms: after the first and the last only
                 self.capture_pool_bytes[bs] = graph_pool_bytes()
+                self.capture_first_seconds = time.perf_counter() - start
             bar.update(1)
 
         budget = self.config.cudagraph_memory_budget

@@ -57,3 +57,26 @@ def test_a_tight_budget_skips_the_small_sizes_and_names_them(caplog):
 def test_a_fraction_of_free_memory_that_holds_everything_records_everything():
     _, sizes = _runner(0.9)
     assert sizes == SIZES
+
+
+def test_a_recordings_output_goes_back_to_the_pool_and_replays_stay_right():
+    """Request graphs of a ladder share one pool, and a recorded output is not kept: the next
+    (smaller) recording reuses its memory, so the pool is the largest recording's, not the sum
+    of every output (2x here if kept: each recording allocates its output alone). Each replay
+    still writes its output, read before the next."""
+    graphs_module.reset_graph_pool()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    rows = [64, 32, 16, 8, 4, 2, 1]
+    static = torch.randn(max(rows), 1 << 17, device="cuda")  # 32 MiB of float32 at 64 rows
+    req = graphs_module.ReqGraph()
+    pool = []
+    for n in rows:
+        out = req.record(lambda n=n: static[:n] + 1, n)
+        assert out.shape == (n, static.shape[1])
+        pool.append(graphs_module.graph_pool_bytes())
+    assert pool[-1] <= 1.25 * pool[0], [p / 2**20 for p in pool]
+    for n in (1, 64, 8, 32, 1, 2):
+        static.normal_()
+        got = req.replay(n)
+        torch.testing.assert_close(got, static[:n] + 1)
