@@ -143,10 +143,13 @@ def _block_m(m: int) -> int:
 
 
 def _fits(config: tuple[int, int, int], block_m: int) -> bool:
-    # the GEMV holds a BLOCK_N x BLOCK_K float32 tile; the dot path needs BLOCK_N >= 16
+    # the GEMV holds a BLOCK_N x BLOCK_K float32 tile; the dot path needs BLOCK_N >= 16, and its
+    # one-shot strips (BLOCK_K > 256) are not timed: at 8 rows of the LM head the five fastest
+    # shapes all had BLOCK_K <= 256 (H100, small_m_linear.py --m 8 --sweep), and each candidate
+    # costs a capture's warm-up a compile and its prefetching twin's
     block_n, block_k, warps = config
     if block_m > 1:
-        return block_n >= 16
+        return block_n >= 16 and block_k <= 256
     return block_n * block_k <= 64 * 32 * warps
 
 
