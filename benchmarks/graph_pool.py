@@ -1,0 +1,70 @@
+"""What the shared CUDA-graph pool holds after a FULL capture of the decode ladder (issue 15's
+pool goal: the ladder's pool <= 1.25x the largest recording's alone).
+
+Captures the decode benchmark's model (Llama-3.2-1B dimensions, bf16) with the allocator's
+history on, then groups the pool's still-allocated blocks by the innermost frame of our package
+(or of torch) that allocated them: what a smaller recording keeps beyond the largest's memory.
+
+    python benchmarks/graph_pool.py [--top 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from decode import build  # noqa: E402
+
+
+def _where(frames: list) -> str:
+    for f in frames:
+        name = f.get("filename", "")
+        if "atom_compile" in name or "/torch/_inductor" in name or "/tmp/" in name:
+            return f"{name.split('site-packages/')[-1][-60:]}:{f.get('line')} {f.get('name')}"
+    return frames[0].get("filename", "?")[-60:] + f":{frames[0].get('line')}" if frames else "?"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--top", type=int, default=15)
+    args = ap.parse_args()
+    import atom_compile as ac
+    from atom_compile.runtime import ModelRunner
+    from atom_compile.runtime import graphs
+
+    cfg, model, builder, _ = build({"level": 3, "cudagraph_mode": "FULL"}, 512, 1024, 16)
+    runner = ModelRunner(model, cfg, builder)
+    ids, pos, meta, ctx = builder.build_for_capture(512, 1)
+    with torch.inference_mode(), ac.set_forward_context(meta, cfg, ctx, no_compile_layers=model.no_compile_layers):
+        model(ids, pos)
+    torch.cuda.memory._record_memory_history(max_entries=500000, stacks="python")
+    seconds, sizes = runner.capture_cudagraph()
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    pool = tuple(graphs.graph_pool())
+    groups: dict = collections.defaultdict(lambda: [0, 0])
+    free = 0
+    for seg in snap["segments"]:
+        if tuple(seg.get("segment_pool_id", ())) != pool:
+            continue
+        for block in seg["blocks"]:
+            if block["state"] == "active_allocated":
+                g = groups[_where(block.get("frames", []))]
+                g[0] += block["size"]
+                g[1] += 1
+            else:
+                free += block["size"]
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}: {len(sizes)} sizes in {seconds:.1f}s")
+    print("pool after the largest / after the ladder (MiB):",
+          [round(v / 2**20, 1) for v in runner.capture_pool_bytes.values()], f"free in pool {free / 2**20:.1f} MiB")
+    for where, (size, n) in sorted(groups.items(), key=lambda kv: -kv[1][0])[:args.top]:
+        print(f"  {size / 2**20:8.2f} MiB  x{n:<5d} {where}")
+
+
+if __name__ == "__main__":
+    main()
