@@ -62,8 +62,18 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}: {len(sizes)} sizes in {seconds:.1f}s")
     print("pool after the largest / after the ladder (MiB):",
           [round(v / 2**20, 1) for v in runner.capture_pool_bytes.values()], f"free in pool {free / 2**20:.1f} MiB")
+    print("still allocated (kept by a recording or a cache), by where it was allocated:")
     for where, (size, n) in sorted(groups.items(), key=lambda kv: -kv[1][0])[:args.top]:
         print(f"  {size / 2**20:8.2f} MiB  x{n:<5d} {where}")
+    # which allocation each segment holds first: segments made for the smaller recordings are
+    # the ladder's growth over the largest's memory (the allocator's size classes: < 1 MiB in
+    # 2 MiB segments, 1-10 MiB in 20 MiB segments, larger ones exact)
+    print("segments of the pool:")
+    for seg in sorted((s for s in snap["segments"] if tuple(s.get("segment_pool_id", ())) == pool),
+                      key=lambda s: -s["total_size"])[:args.top]:
+        first = seg["blocks"][0] if seg["blocks"] else {}
+        print(f"  {seg['total_size'] / 2**20:8.2f} MiB  {seg.get('segment_type', '?'):5s} "
+              f"first block {first.get('size', 0) / 2**20:.2f} MiB from {_where(first.get('frames', []))}")
 
 
 if __name__ == "__main__":
