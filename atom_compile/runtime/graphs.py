@@ -36,7 +36,7 @@ _drain_hooks: list[Callable[[], None]] = []
 
 
 def graph_pool() -> Any:
-    """The memory pool every recording shares: the pool is the largest recording's, not the sum.
+    """The memory pool every recording shares: about the largest recording's size, not the sum.
 
     Sound because recordings never overlap in use: a step consumes its graph's output before
     the next replay. A recording keeps its intermediates referenced, so they are never handed to
@@ -61,12 +61,13 @@ def graph_pool_bytes() -> int:
 def pool_alias(output: Any) -> Any:
     """`output` with each CUDA tensor replaced by a view that does not own its memory.
 
-    Kept strongly, every recording's output would stay allocated in the pool, one per size: at
-    40 sizes of a decode ladder that is the sum of all their outputs (30 MiB for a 1B model) over
-    the largest recording's. Freed once recorded, the memory goes back to the pool, the next
-    (smaller) recording reuses it, and the pool is the largest recording's alone. The recording
-    still writes its output there on replay. Torch without the non-owning storage constructor
-    (the one its own CUDA-graph trees use) keeps the output.
+    Kept strongly, every recording's output stays allocated in the pool, one per size: a
+    decode ladder of 40 sizes holds 33 MiB of a 1B model's hidden states that smaller recordings
+    cannot reuse. Freed once recorded, that memory goes back to the pool for the next recording;
+    the recording still writes its output there on replay. Only pool memory is freed this way:
+    inside a capture every allocation comes from the pool, and what a recording returns from
+    outside it (an eager region's result, a buffer) is kept by its region or module. Torch
+    without the non-owning storage constructor (the one its CUDA-graph trees use) keeps outputs.
     """
     make = getattr(torch._C, "_construct_storage_from_data_pointer", None)
     if make is None:
