@@ -47,11 +47,10 @@ def main() -> None:
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
     pool = tuple(graphs.graph_pool())
+    segments = [s for s in snap["segments"] if tuple(s.get("segment_pool_id", ())) == pool]
     groups: dict = collections.defaultdict(lambda: [0, 0])
     free = 0
-    for seg in snap["segments"]:
-        if tuple(seg.get("segment_pool_id", ())) != pool:
-            continue
+    for seg in segments:
         for block in seg["blocks"]:
             if block["state"] == "active_allocated":
                 g = groups[_where(block.get("frames", []))]
@@ -69,8 +68,7 @@ def main() -> None:
     # the ladder's growth over the largest's memory (the allocator's size classes: < 1 MiB in
     # 2 MiB segments, 1-10 MiB in 20 MiB segments, larger ones exact)
     print("segments of the pool:")
-    for seg in sorted((s for s in snap["segments"] if tuple(s.get("segment_pool_id", ())) == pool),
-                      key=lambda s: -s["total_size"])[:args.top]:
+    for seg in sorted(segments, key=lambda s: -s["total_size"])[:args.top]:
         first = seg["blocks"][0] if seg["blocks"] else {}
         print(f"  {seg['total_size'] / 2**20:8.2f} MiB  {seg.get('segment_type', '?'):5s} "
               f"first block {first.get('size', 0) / 2**20:.2f} MiB from {_where(first.get('frames', []))}")
