@@ -114,6 +114,14 @@ def pdl() -> bool:
     return _not_off("ATOM_COMPILE_PDL")
 
 
+def prefetch() -> bool:
+    """ATOM_COMPILE_PREFETCH=1 makes our decode kernels recorded in a CUDA graph with PDL read
+    their weight (or cached keys) before waiting for the kernel before (ops/pdl.py prefetch).
+    Off by default: on an H100 the decode step was 1-2% faster without it, and each kernel's
+    prefetching twin costs a compile. It changes when a read happens, never what is computed."""
+    return _flag("ATOM_COMPILE_PREFETCH")
+
+
 def split_k_rows() -> bool:
     """ATOM_COMPILE_SPLIT_K=1 runs 2-8 rows of a narrow projection on our split-K dots where
     they time faster than the library GEMM (ops/triton_splitk.py); off by default until the

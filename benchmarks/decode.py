@@ -4,9 +4,8 @@ Arms, in one run: eager; torch.compile; torch.compile(mode="reduce-overhead") an
 mode="max-autotune" of the same model; atom-compile level 3 with cudagraph_mode NONE, FULL and
 TR_HYBRID, each also as `-sizes` (compile_sizes = the batches <= 8: per-size pieces) and as
 `-fused` (prologue_pass: each RMSNorm in the prologue of the projection after it) and as
-`-noprefetch` (graphs recorded with the GEMV reading its weight and the attention its cached
-keys after their PDL wait, as eagerly,
-for an A/B of the prefetch in one process) and as `-dots` (2-8 rows of every projection on the
+`-prefetch` (ATOM_COMPILE_PREFETCH=1: graphs recorded with the GEMV reading its weight and
+the attention its cached keys before their PDL wait, for an A/B of the prefetch in one process) and as `-dots` (2-8 rows of every projection on the
 small-M kernel's padded tensor-core dots rather than cuBLAS) or `-splitk` (the split-K dots,
 ops/triton_splitk.py); and
 `peer`, a plain-PyTorch decoder of the same dimensions (static KV, SDPA,
@@ -129,9 +128,10 @@ def run_arm(name: str, batches: list[int], context: int, steps: int, block: int)
         # max_num_seqs 512: the default ladder, [1..8] + range(16, 513, 16), 40 sizes
         max_seqs = max(max_seqs, 512)
         with contextlib.ExitStack() as patches:
-            from atom_compile.ops import pdl, triton_linear
-            if "-noprefetch" in name:
-                patches.enter_context(mock.patch.object(pdl, "prefetch", lambda early: False))
+            from atom_compile import envs
+            from atom_compile.ops import triton_linear
+            if "-prefetch" in name:  # as ATOM_COMPILE_PREFETCH=1 (its twins compiled with new shapes only)
+                patches.enter_context(mock.patch.object(envs, "prefetch", lambda: True))
             if "-dots" in name:  # 2-8 rows of every projection on the padded dots, not cuBLAS
                 patches.enter_context(mock.patch.object(triton_linear, "DOT_MIN_N", 0))
             if "-splitk" in name:  # 2-8 rows of the narrower projections on the split-K dots
@@ -282,8 +282,8 @@ def _ratio(arms: dict, num: str, den: str, batches: list[int]) -> str:
 def _goals(results: dict, batches: list[int], llama) -> None:
     """Issue 15's goals, for whichever arms ran (the -sizes arms stand in for their mode)."""
     arms, floors, extra = results["arms"], results["floor_ms_per_batch"], results["extra"]
-    for suffix in ("", "-sizes", "-fused", "-dots", "-fused-dots", "-splitk", "-fused-splitk", "-noprefetch",
-                   "-fused-noprefetch"):
+    for suffix in ("", "-sizes", "-fused", "-dots", "-fused-dots", "-splitk", "-fused-splitk", "-prefetch",
+                   "-fused-prefetch"):
         full, hybrid = f"atom-full{suffix}", f"atom-tr_hybrid{suffix}"
         if full not in arms:
             continue

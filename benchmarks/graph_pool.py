@@ -5,7 +5,7 @@ Captures the decode benchmark's model (Llama-3.2-1B dimensions, bf16) with the a
 history on, then groups the pool's still-allocated blocks by the innermost frame of our package
 (or of torch) that allocated them: what a smaller recording keeps beyond the largest's memory.
 
-    python benchmarks/graph_pool.py [--top 15]
+    python benchmarks/graph_pool.py [--top 15] [--mode FULL|TR_HYBRID]
 """
 
 from __future__ import annotations
@@ -32,12 +32,13 @@ def _where(frames: list) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--mode", default="FULL", choices=["FULL", "TR_HYBRID"])
     args = ap.parse_args()
     import atom_compile as ac
     from atom_compile.runtime import ModelRunner
     from atom_compile.runtime import graphs
 
-    cfg, model, builder, _ = build({"level": 3, "cudagraph_mode": "FULL"}, 512, 1024, 16)
+    cfg, model, builder, _ = build({"level": 3, "cudagraph_mode": args.mode}, 512, 1024, 16)
     runner = ModelRunner(model, cfg, builder)
     ids, pos, meta, ctx = builder.build_for_capture(512, 1)
     with torch.inference_mode(), ac.set_forward_context(meta, cfg, ctx, no_compile_layers=model.no_compile_layers):
@@ -58,7 +59,7 @@ def main() -> None:
                 g[1] += 1
             else:
                 free += block["size"]
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}: {len(sizes)} sizes in {seconds:.1f}s")
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.mode}: {len(sizes)} sizes in {seconds:.1f}s")
     print("pool after the largest / after the ladder (MiB):",
           [round(v / 2**20, 1) for v in runner.capture_pool_bytes.values()], f"free in pool {free / 2**20:.1f} MiB")
     print("still allocated (kept by a recording or a cache), by where it was allocated:")

@@ -71,8 +71,17 @@ def enabled(device: torch.device) -> bool:
 
 def prefetch(early: bool) -> bool:
     """Whether a kernel launched early (`early`: PDL) may read its constant operands (a weight,
-    the KV cache's earlier keys) before its wait: only inside a CUDA-graph capture, where what is
-    recorded is a model's forward (those operands only read, the writes before a replay finished
-    before the graph starts). Eagerly the kernel just before may have written them."""
-    return early and torch.cuda.is_current_stream_capturing()
+    the KV cache's earlier keys) before its wait: only with ATOM_COMPILE_PREFETCH=1 and inside a
+    CUDA-graph capture, where what is recorded is a model's forward (those operands only read,
+    the writes before a replay finished before the graph starts). Eagerly the kernel just
+    before may have written them."""
+    return early and envs.prefetch() and torch.cuda.is_current_stream_capturing()
+
+
+def prefetch_twins(constexprs: dict) -> list[dict]:
+    """The prefetching variant of a PDL launch's specialisation, to compile beside it (nothing
+    may compile inside a capture), where prefetching is on; else none."""
+    if constexprs["PDL"] and not constexprs["PREFETCH"] and envs.prefetch():
+        return [{**constexprs, "PREFETCH": True}]
+    return []
 

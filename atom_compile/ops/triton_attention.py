@@ -77,9 +77,9 @@ class _Plan:
 
 
 _plans: dict[tuple, _Plan] = {}
-# the prefetching twin of a decode launch with PDL is compiled beside it (nothing compiles in a capture)
-_attention_launch = FastLaunch(_attention_kernel, twins=lambda c: [{**c, "PREFETCH": True}]
-                               if c["PDL"] and c["WRITE_KV"] and not c["PREFETCH"] else [])
+# the prefetching twin of a decode launch with PDL, where prefetching is on, is compiled beside it
+# (nothing compiles in a capture)
+_attention_launch = FastLaunch(_attention_kernel, twins=lambda c: pdl.prefetch_twins(c) if c["WRITE_KV"] else [])
 
 
 def _spans(capacity: int, groups: int, device: torch.device, tuning: Tuning) -> tuple[int, int]:

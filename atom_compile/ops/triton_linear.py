@@ -132,10 +132,9 @@ def _small_m_linear_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
-# with PDL, the prefetching twin of each specialisation is compiled beside it (outside the
-# capture that will launch it: nothing compiles while a graph records)
-_linear_launch = FastLaunch(_small_m_linear_kernel,
-                            twins=lambda c: [{**c, "PREFETCH": True}] if c["PDL"] and not c["PREFETCH"] else [])
+# with PDL and ATOM_COMPILE_PREFETCH=1, the prefetching twin of each specialisation is compiled
+# beside it (outside the capture that will launch it: nothing compiles while a graph records)
+_linear_launch = FastLaunch(_small_m_linear_kernel, twins=pdl.prefetch_twins)
 
 
 def _block_m(m: int) -> int:
@@ -146,7 +145,7 @@ def _fits(config: tuple[int, int, int], block_m: int) -> bool:
     # the GEMV holds a BLOCK_N x BLOCK_K float32 tile; the dot path needs BLOCK_N >= 16, and its
     # one-shot strips (BLOCK_K > 256) are not timed: at 8 rows of the LM head the five fastest
     # shapes all had BLOCK_K <= 256 (H100, small_m_linear.py --m 8 --sweep), and each candidate
-    # costs a capture's warm-up a compile and its prefetching twin's
+    # costs a capture's warm-up a compile (and its prefetching twin's, where that is on)
     block_n, block_k, warps = config
     if block_m > 1:
         return block_n >= 16 and block_k <= 256

@@ -93,8 +93,7 @@ def _split_k_kernel(
             tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=y_mask)
 
 
-_launch_fn = FastLaunch(_split_k_kernel, twins=lambda c: [{**c, "PREFETCH": True}] if c["PDL"] and not c["PREFETCH"]
-                        else [])
+_launch_fn = FastLaunch(_split_k_kernel, twins=pdl.prefetch_twins)
 
 
 def slices(k: int, block_k: int, split: int) -> tuple[int, int]:

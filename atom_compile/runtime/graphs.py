@@ -15,83 +15,23 @@ import dataclasses
 import functools
 import gc
 import logging
-import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterator, Optional
 
 import torch
-import torch.utils._pytree as pytree
 
 from ..counters import compilation_counter
 from ..errors import AtomTypeError, AtomValueError
 from ..forward_context import get_forward_context, push_forward_context
+from .pool import (capture_stream, claim_reservation, graph_pool, graph_pool_bytes, pool_alias, pool_ranges,
+                   reset_graph_pool, uses_pool)
+
+__all__ = ["ReqGraph", "Recording", "TokenGraph", "eager_region", "graph_pool", "graph_pool_bytes", "pool_alias",
+           "recording_guard", "register_drain_hook", "reset_graph_pool", "token_graph", "token_graph_of"]
 
 logger = logging.getLogger("atom_compile")
 
-_pool: Optional[Any] = None
-# The recordings made in the pool. A pool lives only while some graph uses it: once every one
-# is gone (a runner dropped), the handle is dead and capturing into it trips an allocator assert.
-_pool_users: "weakref.WeakSet[torch.cuda.CUDAGraph]" = weakref.WeakSet()
 _drain_hooks: list[Callable[[], None]] = []
-
-
-def graph_pool() -> Any:
-    """The memory pool every recording shares: about the largest recording's size, not the sum.
-
-    Sound because recordings never overlap in use: a step consumes its graph's output before
-    the next replay. A recording keeps its intermediates referenced, so they are never handed to
-    another; its output it does not keep (`pool_alias`), so the next recording may reuse that
-    memory: a replay's output is valid until the next replay of any recording in the pool.
-    """
-    global _pool
-    if _pool is None or not _pool_users:
-        _pool = torch.cuda.graph_pool_handle()
-    return _pool
-
-
-def graph_pool_bytes() -> int:
-    """Bytes the caching allocator holds in the shared pool's segments (0 if there is none)."""
-    if _pool is None or not torch.cuda.is_available():
-        return 0
-    pool = tuple(_pool)
-    return sum(seg["total_size"] for seg in torch.cuda.memory_snapshot()
-               if tuple(seg.get("segment_pool_id", ())) == pool)
-
-
-def pool_alias(output: Any) -> Any:
-    """`output` with each CUDA tensor replaced by a view that does not own its memory.
-
-    Kept strongly, every recording's output stays allocated in the pool, one per size: a
-    decode ladder of 40 sizes holds 33 MiB of a 1B model's hidden states that smaller recordings
-    cannot reuse. Freed once recorded, that memory goes back to the pool for the next recording;
-    the recording still writes its output there on replay. Only pool memory is freed this way:
-    inside a capture every allocation comes from the pool, and what a recording returns from
-    outside it (an eager region's result, a buffer) is kept by its region or module. Torch
-    without the non-owning storage constructor (the one its CUDA-graph trees use) keeps outputs.
-    """
-    make = getattr(torch._C, "_construct_storage_from_data_pointer", None)
-    if make is None:
-        return output
-
-    def alias(t: Any) -> Any:
-        if not isinstance(t, torch.Tensor) or not t.is_cuda:
-            return t
-        storage = t.untyped_storage()
-        weak = make(storage.data_ptr(), t.device, storage.nbytes())
-        return torch.empty((0,), dtype=t.dtype, device=t.device).set_(weak, t.storage_offset(), t.shape, t.stride())
-
-    return pytree.tree_map(alias, output)
-
-
-def _uses_pool(graph: torch.cuda.CUDAGraph) -> None:
-    _pool_users.add(graph)
-
-
-def reset_graph_pool() -> None:
-    """Forget the shared pool (tests and benchmarks that measure one recording at a time)."""
-    global _pool
-    _pool = None
-    _pool_users.clear()
 
 
 def register_drain_hook(hook: Callable[[], None]) -> None:
@@ -131,9 +71,10 @@ class ReqGraph:
         """Record `fn()` (which reads static inputs) for `bucket`; returns its static output."""
         graph = torch.cuda.CUDAGraph()
         with recording_guard():
-            with torch.cuda.graph(graph, pool=graph_pool(), capture_error_mode="thread_local"):
+            with torch.cuda.graph(graph, pool=graph_pool(), stream=capture_stream(), capture_error_mode="thread_local"):
+                claim_reservation()
                 output = fn()
-        _uses_pool(graph)
+        uses_pool(graph)
         output = pool_alias(output)
         self.graphs[bucket] = (graph, output)
         compilation_counter.num_cudagraph_captured += 1
@@ -158,7 +99,8 @@ class _Region:
     args: tuple
     kwargs: dict
     static_result: Any  # where the next segment reads the result (None for ops that mutate)
-    replay: Optional[Callable] = None  # the op's own bound replay (custom_ops bind_region), if any
+    bind: Optional[Callable] = None  # custom_ops bind_region: binds the op to these tensors, once recorded
+    replay: Optional[Callable] = None  # the op's own bound replay, if any
 
 
 @dataclass
@@ -180,13 +122,25 @@ class _SegmentRecorder:
     def begin(self) -> None:
         self._graph = torch.cuda.CUDAGraph()
         self._graph.capture_begin(pool=graph_pool(), capture_error_mode="thread_local")
+        claim_reservation()
 
     def end(self) -> None:
         assert self._graph is not None
         self._graph.capture_end()
-        _uses_pool(self._graph)
+        uses_pool(self._graph)
         self.segments.append(self._graph)
         self._graph = None
+
+    def release(self) -> None:
+        """Once every segment is recorded: the regions keep their pool tensors as non-owning
+        views (`pool_alias`), so the next recording may reuse that memory, and are bound to them."""
+        ranges = pool_ranges()
+        for region in self.regions:
+            region.args = pool_alias(region.args, ranges)
+            region.kwargs = pool_alias(region.kwargs, ranges)
+            region.static_result = pool_alias(region.static_result, ranges)
+            if region.bind is not None:
+                region.replay = region.bind(*region.args, **region.kwargs)
 
     def eager_region(self, fn: Callable, args: tuple, kwargs: dict, name: str = "",
                      bind: Optional[Callable] = None) -> Any:
@@ -194,20 +148,20 @@ class _SegmentRecorder:
         # Runs once outside the capture (on the recording's not-yet-computed inputs), which also
         # warms the op up; replays run it again on the real data.
         result = fn(*args, **kwargs)
-        static = _static_copy(result, name)
-        replay = bind(*args, **kwargs) if bind is not None else None
-        self.regions.append(_Region(fn, args, kwargs, static, replay))
         self.begin()
+        # where replays put the result: pool memory, allocated (no kernel) in the capture that reads it
+        static = _static_like(result, name)
+        self.regions.append(_Region(fn, args, kwargs, static, bind))
         return static if static is not None else result
 
 
-def _static_copy(result: Any, name: str) -> Any:
+def _static_like(result: Any, name: str) -> Any:
     if result is None:
         return None
     if isinstance(result, torch.Tensor):
-        return result.clone()
+        return torch.empty_like(result)
     if isinstance(result, (tuple, list)) and all(isinstance(r, torch.Tensor) for r in result):
-        return type(result)(r.clone() for r in result)
+        return type(result)(torch.empty_like(r) for r in result)
     raise AtomTypeError(f"eager region {name or '?'} returned {type(result).__name__}; an eager region must "
                     "return None (it mutates its outputs), a tensor, or a tuple of tensors")
 
@@ -227,7 +181,6 @@ class TokenGraph:
         self.per_phase = per_phase
         self.recordings: dict[tuple, Recording] = {}
         self._phase_sizes: dict[str, set[int]] = {"prefill": set(), "decode": set()}
-        self._side_stream: Optional[torch.cuda.Stream] = None
 
     def _key(self, rows: int, phase: str) -> tuple:
         return (phase if self.per_phase else None, rows)
@@ -248,12 +201,10 @@ class TokenGraph:
         if existing is not None:
             self._phase_sizes[phase].add(rows)
             return existing.output
-        if self._side_stream is None:
-            self._side_stream = torch.cuda.Stream()
         recorder = _SegmentRecorder()
         ctx = dataclasses.replace(get_forward_context(), region_recorder=recorder, tr_graph=None)
         with recording_guard():
-            stream = self._side_stream
+            stream = capture_stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream), push_forward_context(ctx):
                 recorder.begin()
@@ -262,9 +213,11 @@ class TokenGraph:
                 finally:
                     if recorder._graph is not None:
                         recorder.end()
+                recorder.release()
             torch.cuda.current_stream().wait_stream(stream)
-        output = pool_alias(output)
-        self.recordings[key] = Recording(recorder.segments, recorder.regions, tuple(inputs), output)
+        ranges = pool_ranges()
+        output = pool_alias(output, ranges)
+        self.recordings[key] = Recording(recorder.segments, recorder.regions, pool_alias(tuple(inputs), ranges), output)
         self._phase_sizes[phase].add(rows)
         compilation_counter.num_cudagraph_captured += len(recorder.segments)
         return output

@@ -26,6 +26,7 @@ from ..forward_context import get_forward_context, set_forward_context
 from ..ops import jit_watch
 from .buckets import NOT_A_BUCKET, pad_for_data_parallel, pad_to_bucket, request_bucket
 from .capture_budget import budget_bytes, capture_within_budget
+from . import pool
 from .graphs import ReqGraph, TokenGraph, graph_pool_bytes, token_graph_of
 from .runtime_config import RuntimeConfig
 
@@ -140,7 +141,7 @@ class ModelRunner:
         """Record `sizes` (descending), within cudagraph_memory_budget when set; the recorded."""
         def one(bs: int) -> None:
             start = time.perf_counter()
-            self._capture_one(bs)
+            self._capture_one(bs, first=not self.capture_pool_bytes)
             if not self.capture_pool_bytes:  # a snapshot costs ms: after the first and the last only
                 self.capture_pool_bytes[bs] = graph_pool_bytes()
                 self.capture_first_seconds = time.perf_counter() - start
@@ -159,12 +160,14 @@ class ModelRunner:
                         limit / 2**20, graph_pool_bytes() / 2**20, sorted(skipped))
         return recorded
 
-    def _capture_one(self, bs: int) -> None:
+    def _capture_one(self, bs: int, first: bool = False) -> None:
         q = self.max_q_len
         input_ids, positions, meta, ctx = self.builder.build_for_capture(bs, q)
         layers = self.no_compile_layers
         with set_forward_context(meta, None, ctx, no_compile_layers=layers):
             hidden = self.model(input_ids, positions)  # warm-up: compiles on the first size, loads kernels
+            if first:  # the largest size: what its recording needs is held for all (runtime/pool.py)
+                pool.reserve(self._forward_peak_bytes(input_ids, positions))
             # the logits run after the replay, outside the recording: their kernels (a Triton
             # LM head at few rows) are compiled and tuned here, before warm-up ends, too
             self.model.compute_logits(hidden)
@@ -180,6 +183,16 @@ class ModelRunner:
             with set_forward_context(meta, None, ctx, no_compile_layers=layers):
                 self.req_graph.record(lambda: self.model(input_ids, positions), request_bucket(bs, q))
         torch.cuda.synchronize()
+
+    def _forward_peak_bytes(self, input_ids: torch.Tensor, positions: torch.Tensor) -> int:
+        """Bytes a forward allocates at its peak, its output included: a second warm-up run (the
+        first may have compiled). Resets the allocator's peak statistics."""
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        self.model(input_ids, positions)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
 
     # --- steps -----------------------------------------------------------------------------
 

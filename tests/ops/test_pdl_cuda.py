@@ -1,8 +1,8 @@
 """Programmatic dependent launch (ops/pdl.py) on a GPU of compute capability >= 9: our kernels
 are compiled and launched with it, and a chain of kernels each reading what the one before
 wrote stays right: eagerly with each weight written just before its GEMV, and replayed in a
-CUDA graph (which prefetches the weights: written before the replay); ATOM_COMPILE_PDL=0 turns
-it off."""
+CUDA graph (which, with ATOM_COMPILE_PREFETCH=1, prefetches the weights: written before the
+replay); ATOM_COMPILE_PDL=0 turns it off."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import torch
 
 pytestmark = pytest.mark.cuda
 tl_ = pytest.importorskip("atom_compile.ops.triton_linear")
+from atom_compile import envs  # noqa: E402
 from atom_compile.ops import pdl  # noqa: E402
 
 needs_pdl = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0)
@@ -60,9 +61,9 @@ def test_dependent_kernels_stay_right_eagerly_and_in_a_graph():
     compiled = list(tl_._linear_launch.compiled.values())
     assert compiled and all(getattr(c.metadata, "launch_pdl", False) for c in compiled)
 
-    # the prefetching twins were compiled beside them: the capture compiles nothing
+    # with the prefetch on, its twins were compiled beside them; off, none: the capture compiles nothing
     twins = [key for key in tl_._linear_launch.compiled if key[-1] is True]
-    assert twins and 2 * len(twins) == len(compiled)
+    assert (twins and 2 * len(twins) == len(compiled)) if envs.prefetch() else not twins
     before = len(tl_._linear_launch.compiled)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -74,6 +75,16 @@ def test_dependent_kernels_stay_right_eagerly_and_in_a_graph():
             w.copy_(f)
         graph.replay()
         check(out)
+
+
+@needs_pdl
+def test_the_chain_stays_right_with_the_prefetch_on():
+    # a fresh process: the twins are compiled with a kernel's first specialisation, which earlier
+    # tests of this process may have made with the prefetch off
+    test = f"{__file__}::test_dependent_kernels_stay_right_eagerly_and_in_a_graph"
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+                         capture_output=True, text=True, timeout=300, env=dict(os.environ, ATOM_COMPILE_PREFETCH="1"))
+    assert out.returncode == 0 and "1 passed" in out.stdout, out.stdout[-3000:] + out.stderr[-2000:]
 
 
 @needs_pdl
