@@ -23,7 +23,7 @@ import torch
 from ..counters import compilation_counter
 from ..errors import AtomTypeError, AtomValueError
 from ..forward_context import get_forward_context, push_forward_context
-from .pool import (capture_stream, claim_reservation, graph_pool, graph_pool_bytes, pool_alias, pool_ranges,
+from .pool import (PoolMembership, capture_stream, claim_reservation, graph_pool, graph_pool_bytes, pool_alias,
                    reset_graph_pool, uses_pool)
 
 __all__ = ["ReqGraph", "Recording", "TokenGraph", "eager_region", "graph_pool", "graph_pool_bytes", "pool_alias",
@@ -99,8 +99,7 @@ class _Region:
     args: tuple
     kwargs: dict
     static_result: Any  # where the next segment reads the result (None for ops that mutate)
-    bind: Optional[Callable] = None  # custom_ops bind_region: binds the op to these tensors, once recorded
-    replay: Optional[Callable] = None  # the op's own bound replay, if any
+    replay: Optional[Callable] = None  # the op's own bound replay (custom_ops bind_region), if any
 
 
 @dataclass
@@ -112,11 +111,18 @@ class Recording:
 
 
 class _SegmentRecorder:
-    """Set as the forward context's region_recorder while a token graph records."""
+    """Set as the forward context's region_recorder while a token graph records.
+
+    A region keeps its tensors as non-owning views from the start (`pool_alias`), as the
+    recording keeps its output: what the forward still holds stays allocated while the later
+    segments record, and what it drops the later segments (and the next recordings) reuse, as
+    an eager run would. A replay runs the segments and regions in the recorded order, so each
+    region reads its inputs before any later segment writes over them."""
 
     def __init__(self) -> None:
         self.segments: list[torch.cuda.CUDAGraph] = []
         self.regions: list[_Region] = []
+        self.inside = PoolMembership()
         self._graph: Optional[torch.cuda.CUDAGraph] = None
 
     def begin(self) -> None:
@@ -131,27 +137,19 @@ class _SegmentRecorder:
         self.segments.append(self._graph)
         self._graph = None
 
-    def release(self) -> None:
-        """Once every segment is recorded: the regions keep their pool tensors as non-owning
-        views (`pool_alias`), so the next recording may reuse that memory, and are bound to them."""
-        ranges = pool_ranges()
-        for region in self.regions:
-            region.args = pool_alias(region.args, ranges)
-            region.kwargs = pool_alias(region.kwargs, ranges)
-            region.static_result = pool_alias(region.static_result, ranges)
-            if region.bind is not None:
-                region.replay = region.bind(*region.args, **region.kwargs)
-
     def eager_region(self, fn: Callable, args: tuple, kwargs: dict, name: str = "",
                      bind: Optional[Callable] = None) -> Any:
         self.end()
         # Runs once outside the capture (on the recording's not-yet-computed inputs), which also
         # warms the op up; replays run it again on the real data.
         result = fn(*args, **kwargs)
+        args, kwargs = pool_alias(args, self.inside), pool_alias(kwargs, self.inside)
+        # bound now, while the forward still holds every one of these tensors (binding runs once)
+        replay = bind(*args, **kwargs) if bind is not None else None
         self.begin()
         # where replays put the result: pool memory, allocated (no kernel) in the capture that reads it
         static = _static_like(result, name)
-        self.regions.append(_Region(fn, args, kwargs, static, bind))
+        self.regions.append(_Region(fn, args, kwargs, pool_alias(static, lambda ptr: True), replay))
         return static if static is not None else result
 
 
@@ -213,11 +211,10 @@ class TokenGraph:
                 finally:
                     if recorder._graph is not None:
                         recorder.end()
-                recorder.release()
             torch.cuda.current_stream().wait_stream(stream)
-        ranges = pool_ranges()
-        output = pool_alias(output, ranges)
-        self.recordings[key] = Recording(recorder.segments, recorder.regions, pool_alias(tuple(inputs), ranges), output)
+        output = pool_alias(output, recorder.inside)
+        self.recordings[key] = Recording(recorder.segments, recorder.regions, pool_alias(tuple(inputs), recorder.inside),
+                                         output)
         self._phase_sizes[phase].add(rows)
         compilation_counter.num_cudagraph_captured += len(recorder.segments)
         return output

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import weakref
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.utils._pytree as pytree
@@ -80,28 +80,53 @@ def pool_ranges() -> list[tuple[int, int]]:
     return [(seg["address"], seg["address"] + seg["total_size"]) for seg in _segments()]
 
 
-def pool_alias(tree: Any, ranges: Optional[list[tuple[int, int]]] = None) -> Any:
+class PoolMembership:
+    """Whether an address lies in the pool: its segments as last read, read again (a snapshot
+    costs about a millisecond) only for an address outside them not asked about before. Sound
+    for the life of a tensor at that address: a segment made later cannot hold it."""
+
+    def __init__(self) -> None:
+        self._ranges = pool_ranges()
+        self._outside: set[int] = set()
+
+    def _in_ranges(self, ptr: int) -> bool:
+        return any(lo <= ptr < hi for lo, hi in self._ranges)
+
+    def __call__(self, ptr: int) -> bool:
+        if self._in_ranges(ptr):
+            return True
+        if ptr in self._outside:
+            return False
+        self._ranges = pool_ranges()
+        if self._in_ranges(ptr):
+            return True
+        self._outside.add(ptr)
+        return False
+
+
+def pool_alias(tree: Any, inside: Optional[Callable[[int], bool]] = None) -> Any:
     """`tree` with each CUDA tensor in the pool's memory replaced by a view that does not own it.
 
     Kept strongly, every recording's output (and a token graph's region tensors) stays allocated
     in the pool, one per size, where smaller recordings cannot reuse it. Freed once recorded,
     that memory goes back to the pool for the next recording; the recording still writes there
     on replay. Tensors outside the pool (module buffers, a KV cache, an eager region's result)
-    stay as they are: their owners keep them. Torch without the non-owning storage constructor
-    (the one its CUDA-graph trees use) keeps everything.
+    stay as they are: their owners keep them. `inside(data_ptr)` says what is in the pool (a
+    `PoolMembership` by default). Torch without the non-owning storage constructor (the one
+    its CUDA-graph trees use) keeps everything.
     """
     make = getattr(torch._C, "_construct_storage_from_data_pointer", None)
     if make is None:
         return tree
-    if ranges is None:
-        ranges = pool_ranges()
+    if inside is None:
+        inside = PoolMembership()
 
     def alias(t: Any) -> Any:
         if not isinstance(t, torch.Tensor) or not t.is_cuda:
             return t
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
-        if not any(lo <= ptr < hi for lo, hi in ranges):
+        if not inside(ptr):
             return t
         weak = make(ptr, t.device, storage.nbytes())
         return torch.empty((0,), dtype=t.dtype, device=t.device).set_(weak, t.storage_offset(), t.shape, t.stride())
