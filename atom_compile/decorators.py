@@ -29,6 +29,7 @@ from torch._dynamo.exc import TensorifyScalarRestartAnalysis
 
 from . import envs, layer_regions
 from .backends import aot, strict
+from .backends.guard_free import check_code, check_inputs, input_checks
 from .backends.atom_backend import AtomBackend, remote_tier
 from .backends.regions import RegionInlineError
 from .config import CompilationConfig, CompilationLevel, Config, as_compilation_config
@@ -178,7 +179,7 @@ class CompiledDispatcher:
         dispatch = self._atom_dispatch
         if dispatch is not None:
             if self._atom_checks:
-                _check_inputs(self, args)
+                check_inputs(self, args)
             return dispatch(self, *args, **kwargs)
         if self.do_not_compile or torch.compiler.is_compiling():
             return self.forward(*args, **kwargs)
@@ -211,14 +212,14 @@ class CompiledDispatcher:
                                       self._atom_env.cache_root, required, remote_tier(cc, self._atom_env))
             fn, missed = aot.agree_to_load(fn, missed, self._atom_env)
             if fn is not None:
-                _check_code(fn.__code__, cls)
+                check_code(fn.__code__, cls)
                 return self._atom_start_dispatch(fn, args, kwargs)
             if required:
                 strict.refuse(f"{cls.__qualname__}: the forward (Dynamo's trace, then its pieces)", missed)
             compiled, backend = self._atom_aot_compile(args, kwargs, prefix)
             if compiled is not None:
                 fn = compiled.fn
-                _check_code(fn.__code__, cls)
+                check_code(fn.__code__, cls)
                 aot.save(compiled, backend.result, cc, compiler_factors, device_type, prefix, self, args)
                 self._atom_backend = backend
                 return self._atom_start_dispatch(fn, args, kwargs)
@@ -290,7 +291,7 @@ class CompiledDispatcher:
         if not captured:
             raise RecompileError(f"{cls.__qualname__}: Dynamo produced no code for forward")
         code = captured[-1]
-        _check_code(code, cls)
+        check_code(code, cls)
         fwd = cls.forward
         # Dynamo's code keeps forward's arguments, cells and free variables (depyf's invariant),
         # so a new function over forward's globals and closure runs it directly. Building our own
@@ -298,12 +299,12 @@ class CompiledDispatcher:
         fn = types.FunctionType(code, fwd.__globals__, fwd.__name__, fwd.__defaults__, fwd.__closure__)
         fn.__kwdefaults__ = fwd.__kwdefaults__
         self._atom_dispatch = fn
-        self._atom_checks = _input_checks(args) if self._atom_env.check_inputs else ()
+        self._atom_checks = input_checks(args) if self._atom_env.check_inputs else ()
         return out
 
     def _atom_start_dispatch(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
         self._atom_dispatch = fn
-        self._atom_checks = _input_checks(args) if self._atom_env.check_inputs else ()
+        self._atom_checks = input_checks(args) if self._atom_env.check_inputs else ()
         return fn(self, *args, **kwargs)
 
 
@@ -355,57 +356,3 @@ def _mark_dynamic(cls: type, arguments: dict, dims: dict[str, list[int]]) -> Non
                     "Make the first call with at least 2 tokens (e.g. the largest capture size)."
                 )
             torch._dynamo.mark_dynamic(value, dim)
-
-
-def _check_code(code: types.CodeType, cls: type) -> None:
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names.update(const.co_names)
-    if "_buffers" in names and "update" in names:
-        raise BufferMutationError(
-            f"{cls.__module__}.{cls.__qualname__}.forward rebinds a registered buffer (like "
-            "`self.x = self.x + 1`). Dynamo replays that assignment outside the compiled graph, so a "
-            "CUDA graph replay would skip it and give silently wrong results. Update the buffer in "
-            "place instead (`self.x.add_(1)`, `self.x.copy_(...)`)."
-        )
-
-
-def _input_checks(args: tuple) -> tuple:
-    """(position, ndim, dtype, ((dim, size), ...)) of each tensor argument: what the guard-free
-    dispatch assumes stays fixed. Dims marked dynamic are excluded."""
-    checks = []
-    for i, value in enumerate(args):
-        if isinstance(value, torch.Tensor):
-            dynamic = getattr(value, "_dynamo_dynamic_indices", set())
-            static = tuple((d, s) for d, s in enumerate(value.shape) if d not in dynamic)
-            checks.append((i, value.dim(), value.dtype, static))
-    return tuple(checks)
-
-
-def _check_inputs(module: Any, args: tuple) -> None:
-    for i, ndim, dtype, static in module._atom_checks:
-        if i >= len(args):
-            raise RecompileError(f"{type(module).__qualname__}: called with {len(args)} positional arguments; "
-                                 f"the compiled code was traced with more")
-        value = args[i]
-        if not isinstance(value, torch.Tensor) or value.dim() != ndim or value.dtype != dtype:
-            raise RecompileError(
-                f"{type(module).__qualname__}: argument {i} is {_describe(value)}; the compiled code was "
-                f"traced for a {ndim}-dim {dtype} tensor. A new graph would be needed: build another "
-                "instance, or mark the dims that vary with dynamic_arg_dims."
-            )
-        shape = value.shape
-        for d, size in static:
-            if shape[d] != size:
-                raise RecompileError(
-                    f"{type(module).__qualname__}: argument {i} has size {shape[d]} on dim {d}, which was "
-                    f"traced as the constant {size}. A new graph would be needed: mark the dim dynamic "
-                    "with dynamic_arg_dims."
-                )
-
-
-def _describe(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"a {value.dim()}-dim {value.dtype} tensor"
-    return type(value).__name__
