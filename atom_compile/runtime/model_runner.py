@@ -51,7 +51,8 @@ class ModelRunner:
     """Capture and replay for one model. `model(input_ids, positions) -> hidden_states` and
     `model.compute_logits(hidden)`; `metadata_builder` makes attention metadata for capture
     batches (`build_for_capture`) and real steps (`build`) in buffers at fixed addresses.
-    `config` is a Config (turned into a RuntimeConfig here) or a RuntimeConfig."""
+    `config` is a Config (turned into a RuntimeConfig here) or a RuntimeConfig. Building one
+    starts a warm-up: the Triton watch (ops/jit_watch.py) is off until its capture ends."""
 
     def __init__(self, model: Any, config: Union[Config, RuntimeConfig], metadata_builder: Any):
         global _said_no_cuda
@@ -81,6 +82,9 @@ class ModelRunner:
         # seconds of the first size's capture, its warm-up's kernel compiles and tuning included
         self.capture_first_seconds = 0.0
         self.no_compile_layers = getattr(model, "no_compile_layers", None) or config.no_compile_layers
+        # a new runner is a new warm-up (another model's first forward and capture compile its
+        # own kernels, no misses of the last warm-up); its capture's end marks it warm again
+        jit_watch.stop_watching()
 
     # --- what a step replays ---------------------------------------------------------------
 

@@ -43,6 +43,20 @@ def _runner(mode, **kw):
     return runner, stepper
 
 
+def test_a_new_runner_starts_a_new_warm_up():
+    """A second model's runner: its first forward compiles its own kernels, which are no misses
+    of the first model's warm-up; its capture's end marks the process warm again."""
+    from atom_compile.ops import jit_watch
+
+    jit_watch.mark_warmed_up()
+    assert jit_watch.is_warm()
+    try:
+        _runner(CUDAGraphMode.FULL)
+        assert not jit_watch.is_warm()
+    finally:
+        jit_watch.stop_watching()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without a GPU")
 def test_no_cuda_runs_every_mode_as_none():
     for mode in CUDAGraphMode:
