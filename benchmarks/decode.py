@@ -5,8 +5,9 @@ mode="max-autotune" of the same model; atom-compile level 3 with cudagraph_mode 
 TR_HYBRID, each also as `-sizes` (compile_sizes = the batches <= 8: per-size pieces) and as
 `-fused` (prologue_pass: each RMSNorm in the prologue of the projection after it) and as
 `-prefetch` (ATOM_COMPILE_PREFETCH=1: graphs recorded with the GEMV reading its weight and
-the attention its cached keys before their PDL wait, for an A/B of the prefetch in one process) and as `-dots` (2-8 rows of every projection on the
-small-M kernel's padded tensor-core dots rather than cuBLAS) or `-splitk` (the split-K dots,
+the attention its cached keys before their PDL wait, for an A/B of the prefetch in one process;
+run it first, its twins compile with new shapes only) and as `-dots` (2-8 rows of every
+projection on the small-M kernel's padded tensor-core dots rather than cuBLAS) or `-splitk` (the split-K dots,
 ops/triton_splitk.py); and
 `peer`, a plain-PyTorch decoder of the same dimensions (static KV, SDPA,
 benchmarks/_peer_decoder.py) under torch.compile(mode="reduce-overhead"), one compile per batch.

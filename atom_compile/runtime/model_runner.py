@@ -24,9 +24,9 @@ from ..config import Config, CUDAGraphMode
 from ..errors import AtomTypeError, AtomValueError
 from ..forward_context import get_forward_context, set_forward_context
 from ..ops import jit_watch
+from . import pool
 from .buckets import NOT_A_BUCKET, pad_for_data_parallel, pad_to_bucket, request_bucket
 from .capture_budget import budget_bytes, capture_within_budget
-from . import pool
 from .graphs import ReqGraph, TokenGraph, graph_pool_bytes, token_graph_of
 from .runtime_config import RuntimeConfig
 
@@ -145,8 +145,9 @@ class ModelRunner:
         """Record `sizes` (descending), within cudagraph_memory_budget when set; the recorded."""
         def one(bs: int) -> None:
             start = time.perf_counter()
-            self._capture_one(bs, first=not self.capture_pool_bytes)
-            if not self.capture_pool_bytes:  # a snapshot costs ms: after the first and the last only
+            first = not self.capture_pool_bytes
+            self._capture_one(bs, first=first)
+            if first:  # a snapshot costs ms: after the first and the last only
                 self.capture_pool_bytes[bs] = graph_pool_bytes()
                 self.capture_first_seconds = time.perf_counter() - start
             bar.update(1)
@@ -170,7 +171,7 @@ class ModelRunner:
         layers = self.no_compile_layers
         with set_forward_context(meta, None, ctx, no_compile_layers=layers):
             hidden = self.model(input_ids, positions)  # warm-up: compiles on the first size, loads kernels
-            if first:  # the largest size: what its recording needs is held for all (runtime/pool.py)
+            if first and pool.reservable():  # the largest size: its need is held for all (runtime/pool.py)
                 pool.reserve(self._forward_peak_bytes(input_ids, positions))
             # the logits run after the replay, outside the recording: their kernels (a Triton
             # LM head at few rows) are compiled and tuned here, before warm-up ends, too

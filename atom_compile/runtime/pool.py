@@ -134,10 +134,10 @@ def pool_alias(tree: Any, inside: Optional[Callable[[int], bool]] = None) -> Any
     return pytree.tree_map(alias, tree)
 
 
-def _allocator_splits_freely() -> bool:
-    # A reserved segment helps only where the allocator splits any free block for any request:
-    # not with max_split_size_mb (oversize blocks are not split), expandable segments, or
-    # cudaMallocAsync (no caching allocator pools).
+def reservable() -> bool:
+    """Whether a reservation would help: only where the allocator splits any free block for any
+    request (not with max_split_size_mb: oversize blocks are not split; not with expandable
+    segments or cudaMallocAsync, which have no such pools). Ask before measuring a need."""
     conf = (os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + "," + os.environ.get("PYTORCH_ALLOC_CONF", "")).lower()
     if "max_split_size_mb" in conf or "expandable_segments:true" in conf:
         return False
@@ -151,7 +151,7 @@ def reserve(nbytes: int) -> bool:
     blocks from. False (nothing reserved) where the allocator would not split it, or for a need
     of 10 MiB or less."""
     global _reserved
-    if nbytes <= _MIN_RESERVE or not _allocator_splits_freely():
+    if nbytes <= _MIN_RESERVE or not reservable():
         return False
     _reserved = int(nbytes)
     return True

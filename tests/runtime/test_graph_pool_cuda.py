@@ -25,9 +25,7 @@ def _fresh_pool() -> None:
 
 
 def _allocated_in_pool() -> int:
-    pool = tuple(graphs_module.graph_pool())
-    return sum(b["size"] for seg in torch.cuda.memory_snapshot() if tuple(seg.get("segment_pool_id", ())) == pool
-               for b in seg["blocks"] if b["state"] == "active_allocated")
+    return sum(b["size"] for seg in pool_module._segments() for b in seg["blocks"] if b["state"] == "active_allocated")
 
 
 @eager_region
