@@ -71,6 +71,11 @@ class CompilationConfig:
     # residual add before it) or a SiLU-and-mul into the small-M projection that reads it: one
     # launch at one token. Off until measured on a GPU; needs small_m_linear_pass. Keyed when on.
     prologue_pass: bool = False
+    # The built-in post-grad pass (backends/glu_pass.py) that puts an MLP's SiLU-and-mul into the
+    # epilogue of its gate and up projections: one launch at one token, no activation kernel.
+    # Off until measured on a GPU (benchmarks/decode.py -glu arms); needs small_m_linear_pass.
+    # Keyed when on.
+    glu_pass: bool = False
     inductor_compile_config: dict = field(default_factory=dict)
     debug_dump_path: str = ""
     cache_dir: str = ""
@@ -92,11 +97,12 @@ class CompilationConfig:
         self.level = CompilationLevel.parse(self.level, "CompilationConfig.level")
         for name in ("use_cudagraph", "cudagraph_copy_inputs", "use_inductor", "require_cache",
                      "use_inductor_graph_partition", "trace_layers_once", "residual_add_pass",
-                     "small_m_linear_pass", "prologue_pass"):
+                     "small_m_linear_pass", "prologue_pass", "glu_pass"):
             setattr(self, name, _check_bool(f"CompilationConfig.{name}", getattr(self, name)))
-        if self.prologue_pass and not self.small_m_linear_pass:
-            raise ConfigError("CompilationConfig.prologue_pass", True,
-                              "True only with small_m_linear_pass (it fuses norms into that pass's calls)")
+        for name in ("prologue_pass", "glu_pass"):
+            if getattr(self, name) and not self.small_m_linear_pass:
+                raise ConfigError(f"CompilationConfig.{name}", True,
+                                  "True only with small_m_linear_pass (it fuses into that pass's calls)")
         if self.cudagraph_mode is not None:
             self.cudagraph_mode = CUDAGraphMode.parse(
                 self.cudagraph_mode, "CompilationConfig.cudagraph_mode"
@@ -196,8 +202,9 @@ class CompilationConfig:
         for name in ("residual_add_pass", "small_m_linear_pass"):  # keyed when off (on is the default)
             if not getattr(self, name):
                 factors[name] = False
-        if self.prologue_pass:  # keyed when on (off is the default)
-            factors["prologue_pass"] = True
+        for name in ("prologue_pass", "glu_pass"):  # keyed when on (off is the default)
+            if getattr(self, name):
+                factors[name] = True
         return factors
 
     def compute_hash(self) -> str:

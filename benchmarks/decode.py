@@ -4,6 +4,7 @@ Arms, in one run: eager; torch.compile; torch.compile(mode="reduce-overhead") an
 mode="max-autotune" of the same model; atom-compile level 3 with cudagraph_mode NONE, FULL and
 TR_HYBRID, each also as `-sizes` (compile_sizes = the batches <= 8: per-size pieces) and as
 `-fused` (prologue_pass: each RMSNorm in the prologue of the projection after it) and as
+`-glu` (glu_pass: each MLP's SiLU-and-mul in the epilogue of its gate_up GEMV) and as
 `-prefetch` (ATOM_COMPILE_PREFETCH=1: graphs recorded with the GEMV reading its weight and
 the attention its cached keys before their PDL wait, for an A/B of the prefetch in one process;
 run it first, its twins compile with new shapes only) and as `-dots` (2-8 rows of every
@@ -126,6 +127,8 @@ def run_arm(name: str, batches: list[int], context: int, steps: int, block: int)
             cc["compile_sizes"] = [b for b in batches if b <= 8]  # decode's few-token sizes
         if "-fused" in name:
             cc["prologue_pass"] = True  # the norms into the projections' prologues
+        if "-glu" in name:
+            cc["glu_pass"] = True  # SiLU-and-mul into the gate_up GEMV's epilogue
         # max_num_seqs 512: the default ladder, [1..8] + range(16, 513, 16), 40 sizes
         max_seqs = max(max_seqs, 512)
         with contextlib.ExitStack() as patches:
@@ -283,11 +286,8 @@ def _ratio(arms: dict, num: str, den: str, batches: list[int]) -> str:
 def _goals(results: dict, batches: list[int], llama) -> None:
     """Issue 15's goals, for whichever arms ran (the -sizes arms stand in for their mode)."""
     arms, floors, extra = results["arms"], results["floor_ms_per_batch"], results["extra"]
-    for suffix in ("", "-sizes", "-fused", "-dots", "-fused-dots", "-splitk", "-fused-splitk", "-prefetch",
-                   "-fused-prefetch"):
+    for suffix in dict.fromkeys(a[len("atom-full"):] for a in arms if a == "atom-full" or a.startswith("atom-full-")):
         full, hybrid = f"atom-full{suffix}", f"atom-tr_hybrid{suffix}"
-        if full not in arms:
-            continue
         print(f"\n{full} / floor: " + ", ".join(f"bs{b} {arms[full][b] / floors[b]:.2f}" for b in batches)
               + " (goal <= 1.3 at bs 1, <= 1.5 at bs 8)")
         for peer in ("peer", "reduce-overhead", "max-autotune"):

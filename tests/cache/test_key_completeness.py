@@ -50,6 +50,7 @@ CONFIG_FIELDS = {
     "residual_add_pass": (False, True),
     "small_m_linear_pass": (False, True),
     "prologue_pass": (True, True),
+    "glu_pass": (True, True),
 }
 def _noop_pass(graph) -> None:
     """An Inductor post-grad pass that changes nothing: its source still enters the key."""

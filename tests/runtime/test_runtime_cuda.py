@@ -168,6 +168,21 @@ def test_norms_fused_into_projections_decode_as_eager(baselines):
     assert info["replayed"] > 0
 
 
+def test_silu_mul_fused_into_gate_up_decodes_as_eager(baselines, tmp_path):
+    """glu_pass: every layer's SiLU-and-mul is the epilogue of its gate_up projection
+    (atom::gate_up_silu_mul: one launch at one token, cuBLAS and a SiLU-and-mul kernel above),
+    under FULL graphs, with the prologue pass on too (which then finds no activation for down)."""
+    expect = baselines[1][3]
+    root = tmp_path  # a cache of its own: the code read below is this run's only
+    engine, info = _run(CUDAGraphMode.FULL, 3, root, forced=expect.trace, glu_pass=True, prologue_pass=True)
+    for i, ((_, logits), (_, want_logits)) in enumerate(zip(engine.trace, expect.trace)):
+        torch.testing.assert_close(logits, want_logits, atol=3e-2, rtol=3e-2, msg=lambda m: f"step {i}: {m}")
+    code = "\n".join(p.read_text() for p in root.rglob("*.py") if "def call(" in p.read_text())
+    assert code.count("torch.ops.atom.gate_up_silu_mul") >= LLAMA.num_layers
+    assert "torch.ops.atom.silu_mul_linear" not in code
+    assert info["replayed"] > 0
+
+
 def test_level3_matches_level0_within_bf16_tolerance(baselines):
     _, base = baselines
     for (_, a), (_, b) in zip(base[0].trace[:1], base[3].trace[:1]):  # same inputs only on the first step

@@ -1,0 +1,153 @@
+"""A built-in post-grad pass: an MLP's SiLU-and-mul goes into its gate and up projections.
+
+After the small-M pass (backends/small_m_pass.py) a gated MLP is `atom::small_m_linear` for
+gate and up, a SiLU-and-mul kernel, `atom::small_m_linear` for down. This pass finds
+`silu(gate) * up` where gate and up are
+- two halves of one projection `atom::small_m_linear(x, W, None)` along its last dimension
+  (`chunk`, `split`, `split_with_sizes` or slices: vLLM's and the built-in Llama's merged
+  gate_up weight, in either order), or
+- two projections of the same rows `x` (transformers' gate_proj and up_proj),
+through reshapes to and from [batch, seq, hidden], and calls `atom::gate_up_silu_mul(x, Wg, Wu)`
+(ops/glu_linear.py: one launch at one token, with the weights' row blocks as slices of W).
+It rewrites only where nothing else reads the projections, so no weight is read twice; any
+other activation or layout is left as it is (the matching of silu is backends/prologue_pass.py's).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import operator
+import sys
+from typing import Optional
+
+import torch
+import torch.fx as fx
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from .prologue_pass import _RESHAPES, _call, _chain, _reshaped, _val, match_silu_mul
+
+aten = torch.ops.aten
+
+
+def _unreshaped(node: fx.Node) -> fx.Node:
+    """`node` without the reshapes that keep its last dimension (to and from 3-D rows)."""
+    while _call(node, *_RESHAPES) and _val(node.args[0]) is not None \
+            and _val(node.args[0]).shape[-1] == _val(node).shape[-1]:
+        node = node.args[0]
+    return node
+
+
+def _last_dim(dim: object, node: fx.Node) -> bool:
+    return isinstance(dim, int) and dim in (-1, _val(node).dim() - 1)
+
+
+def _piece(node: fx.Node) -> Optional[tuple[fx.Node, int, int]]:
+    """(the split tensor, first column, columns) where `node` is one piece of a split or a slice
+    along the last dimension; None for anything else."""
+    if _call(node, operator.getitem) and _call(node.args[0], aten.split.Tensor, aten.split_with_sizes.default):
+        split, index = node.args[0], node.args[1]
+        whole, sizes = split.args[0], split.args[1]
+        dim = split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0)
+        if not _last_dim(dim, whole):
+            return None
+        total = _val(whole).shape[-1]
+        starts = list(range(0, total, sizes)) if isinstance(sizes, int) else \
+            [sum(sizes[:i]) for i in range(len(sizes))]
+        return whole, starts[index], _val(node).shape[-1]
+    if _call(node, aten.slice.Tensor) and len(node.args) >= 3 and _last_dim(node.args[1], node.args[0]):
+        step = node.args[4] if len(node.args) > 4 else 1
+        start = node.args[2] if node.args[2] is not None else 0
+        if step == 1 and isinstance(start, int) and start >= 0:
+            return node.args[0], start, _val(node).shape[-1]
+    return None
+
+
+def _projection(node: fx.Node) -> Optional[tuple[fx.Node, int, int]]:
+    """(the `small_m_linear(x, W, None)` node, first output column, columns) that `node` is,
+    whole or one piece of, through reshapes; else None."""
+    from ..ops.linear import op
+
+    node = _unreshaped(node)
+    start, width = 0, _val(node).shape[-1]
+    piece = _piece(node)
+    if piece is not None:
+        node, start, width = _unreshaped(piece[0]), piece[1], piece[2]
+    ok = _call(node, op()) and len(node.args) == 3 and node.args[2] is None and _val(node.args[0]).dim() == 2
+    return (node, start, width) if ok else None
+
+
+def _same_rows(a: fx.Node, b: fx.Node) -> bool:
+    """Whether two projections' inputs are one tensor: one node, or one reshape of one node."""
+    if a is b:
+        return True
+    return (_call(a, *_RESHAPES) and _call(b, *_RESHAPES) and a.args[0] is b.args[0]
+            and tuple(_val(a).shape) == tuple(_val(b).shape))
+
+
+def _weight_rows(graph: fx.Graph, proj: fx.Node, start: int, width: int) -> fx.Node:
+    """The projection's weight, or the node of its rows [start, start + width)."""
+    weight = proj.args[1]
+    if start == 0 and width == _val(weight).shape[0]:
+        return weight
+    rows = graph.call_function(aten.slice.Tensor, (weight, 0, start, start + width))
+    rows.meta["val"] = _val(weight)[start:start + width]  # a view of the fake weight (it dispatches itself)
+    return rows
+
+
+def _exclusive(product: fx.Node, stop: set) -> Optional[set[fx.Node]]:
+    """The nodes from the projections to `product`, where nothing outside them reads any of them."""
+    chain = _chain(product, stop)
+    inner = chain - {product}
+    return chain if all(set(n.users) <= chain for n in inner) else None
+
+
+def _fuse_one(graph: fx.Graph, product: fx.Node) -> Optional[set[fx.Node]]:
+    """Rewrite `product` if it is an MLP's SiLU-and-mul of its projections; its chain or None."""
+    from ..ops.glu_linear import op
+
+    found = match_silu_mul(product)
+    halves = [_projection(t) for t in found] if found is not None else [None]
+    if any(h is None for h in halves):
+        return None
+    (gate, g_start, width), (up, u_start, u_width) = halves
+    x = gate.args[0]
+    if width != u_width or not _same_rows(x, up.args[0]) or (gate is up and g_start == u_start):
+        return None
+    chain = _exclusive(product, {x, up.args[0], gate.args[1], up.args[1]})
+    if chain is None or gate not in chain or up not in chain:
+        return None
+    with graph.inserting_before(product):
+        weights = [_weight_rows(graph, p, s, width) for p, s in ((gate, g_start), (up, u_start))]
+        call = graph.call_function(op(), (x, *weights))
+        call.meta["val"] = _val(gate).new_empty((_val(x).shape[0], width))
+        out = _reshaped(graph, call, product)
+    product.replace_all_uses_with(out)
+    return chain | {up.args[0]}  # up's own reshape of x (transformers' Linear) is dead now too
+
+
+def fuse_glu(graph: fx.Graph) -> int:
+    """Rewrite each SiLU-and-mul of `graph` over an MLP's gate and up projections, as described
+    above; the number rewritten. The nodes they leave without readers are removed."""
+    dead: set[fx.Node] = set()
+    rewritten = 0
+    for node in [n for n in graph.nodes if _call(n, aten.mul.Tensor)]:
+        chain = _fuse_one(graph, node)
+        if chain is not None:
+            dead.update(chain)
+            rewritten += 1
+    for node in reversed(list(graph.nodes)):  # readers before what they read
+        if node in dead and not node.users:
+            graph.erase_node(node)
+    return rewritten
+
+
+class GluPass(CustomGraphPass):
+    """`fuse_glu` as an Inductor custom pass, keyed by its source (and the matchers it uses)."""
+
+    def __call__(self, graph: fx.Graph) -> None:
+        fuse_glu(graph)
+
+    def uuid(self) -> str:
+        source = inspect.getsource(sys.modules[__name__]) + inspect.getsource(sys.modules[match_silu_mul.__module__])
+        return hashlib.sha256(source.encode()).hexdigest()[:32]

@@ -1,0 +1,79 @@
+"""Triton GEMV for an MLP's gate and up projections with SiLU-and-mul as its epilogue (one row).
+
+At one token a gated MLP is GEMV (gate_up), SiLU-and-mul, GEMV (down): the activation is a
+kernel of its own, a launch and a trip of both halves through memory. Here each program reads
+BLOCK_N rows of the gate weight and the same rows of the up weight along K, keeps two float32
+accumulators and writes silu(gate) * up: the row reads the same weight bytes as the plain GEMV,
+with the same rows in flight per program, and the activation costs nothing. The prologue form
+(ops/prologue_linear.py) recomputes the activation in every program of the down projection.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import pdl
+from .pdl import wait_then_release
+from .triton_launch import FastLaunch, cdiv
+from .triton_linear import gemv_config
+
+
+@triton.jit
+def _gate_up_silu_mul_kernel(x_ptr, wg_ptr, wu_ptr, y_ptr, N, K, stride_gn, stride_un,
+                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    n_mask = offs_n < N
+    rows = offs_n.to(tl.int64)[:, None]
+    g_ptrs = wg_ptr + rows * stride_gn + offs_k[None, :]
+    u_ptrs = wu_ptr + rows * stride_un + offs_k[None, :]
+    if PDL:  # launched early (ops/pdl.py): read nothing before the kernel before has finished
+        wait_then_release()
+    acc_g = tl.zeros([BLOCK_N], tl.float32)
+    acc_u = tl.zeros([BLOCK_N], tl.float32)
+    for k in range(0, K, BLOCK_K):
+        k_mask = (k + offs_k) < K
+        x = tl.load(x_ptr + k + offs_k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
+        mask = n_mask[:, None] & k_mask[None, :]
+        acc_g += tl.sum(tl.load(g_ptrs, mask=mask, other=0.0).to(tl.float32) * x, axis=1)
+        acc_u += tl.sum(tl.load(u_ptrs, mask=mask, other=0.0).to(tl.float32) * x, axis=1)
+        g_ptrs += BLOCK_K
+        u_ptrs += BLOCK_K
+    # rounded where the model's ops round: each projection's output, silu(gate), the product
+    dtype = y_ptr.dtype.element_ty
+    g = acc_g.to(dtype).to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
+    tl.store(y_ptr + offs_n, (act * acc_u.to(dtype).to(tl.float32)).to(dtype), mask=n_mask)
+
+
+_launch = FastLaunch(_gate_up_silu_mul_kernel)
+
+
+def glu_config(k: int) -> tuple[int, int, int]:
+    """The one-row GEMV's shape (triton_linear.gemv_config) with half its rows from each weight:
+    a program has as many weight rows in flight as the plain GEMV's, and the gate_up layer as
+    many programs as it had there."""
+    block_n, block_k, warps = gemv_config(k)
+    return max(1, block_n // 2), block_k, warps
+
+
+def supported(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor) -> bool:
+    """One contiguous half-precision CUDA row; two row-major weights of its dtype and width, alike."""
+    return (x.dim() == 2 and x.shape[0] == 1 and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)
+            and x.stride(1) == 1 and all(w.dim() == 2 and w.dtype == x.dtype and w.shape[1] == x.shape[1]
+                                         and w.stride(1) == 1 and w.device == x.device for w in (gate_weight, up_weight))
+            and gate_weight.shape == up_weight.shape)
+
+
+def gate_up_silu_mul(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor,
+                     config: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """silu(x @ gate_weight.T) * (x @ up_weight.T) for a row `supported` accepts, in one launch."""
+    n, k = gate_weight.shape
+    out = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    block_n, block_k, warps = config or glu_config(k)
+    _launch((cdiv(n, block_n), 1, 1), (x, gate_weight, up_weight, out, n, k, gate_weight.stride(0), up_weight.stride(0)),
+            {"BLOCK_N": block_n, "BLOCK_K": block_k, "PDL": pdl.enabled(x.device)}, num_warps=warps)
+    return out
