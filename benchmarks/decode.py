@@ -5,6 +5,8 @@ mode="max-autotune" of the same model; atom-compile level 3 with cudagraph_mode 
 TR_HYBRID, each also as `-sizes` (compile_sizes = the batches <= 8: per-size pieces) and as
 `-fused` (prologue_pass: each RMSNorm in the prologue of the projection after it) and as
 `-glu` (glu_pass: each MLP's SiLU-and-mul in the epilogue of its gate_up GEMV) and as
+`-combo` (Inductor's combo_kernels: independent pointwise kernels of a piece, RoPE's q and k,
+launched as one) and as
 `-prefetch` (ATOM_COMPILE_PREFETCH=1: graphs recorded with the GEMV reading its weight and
 the attention its cached keys before their PDL wait, for an A/B of the prefetch in one process;
 run it first, its twins compile with new shapes only) and as `-dots` (2-8 rows of every
@@ -129,6 +131,12 @@ def run_arm(name: str, batches: list[int], context: int, steps: int, block: int)
             cc["prologue_pass"] = True  # the norms into the projections' prologues
         if "-glu" in name:
             cc["glu_pass"] = True  # SiLU-and-mul into the gate_up GEMV's epilogue
+        if "-combo" in name:  # horizontal fusion of a piece's independent kernels
+            import torch._inductor.config as inductor_config
+
+            if not hasattr(inductor_config, "combo_kernels"):
+                raise SystemExit(f"{name}: this torch's Inductor has no combo_kernels")
+            cc["inductor_compile_config"] = {"combo_kernels": True}
         # max_num_seqs 512: the default ladder, [1..8] + range(16, 513, 16), 40 sizes
         max_seqs = max(max_seqs, 512)
         with contextlib.ExitStack() as patches:
