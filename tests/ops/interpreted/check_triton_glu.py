@@ -27,10 +27,14 @@ def _reference(x, wg, wu):
     return torch.nn.functional.silu(gate) * up
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("n,k", [(37, 48), (96, 300), (19, 5000)])
-@pytest.mark.parametrize("layout", ["merged", "merged_up_first", "separate"])
-def test_gate_up_with_the_silu_mul_epilogue(glu, dtype, n, k, layout):
+F16, BF16 = torch.float16, torch.bfloat16
+
+
+# each layout in both dtypes, each (n, k) twice: ragged N and K, one step and a K loop
+@pytest.mark.parametrize("n,k,layout,dtype", [(37, 48, "merged", F16), (37, 48, "merged_up_first", BF16),
+                                              (96, 300, "separate", F16), (96, 300, "merged", BF16),
+                                              (19, 5000, "merged_up_first", F16), (19, 5000, "separate", BF16)])
+def test_gate_up_with_the_silu_mul_epilogue(glu, n, k, layout, dtype):
     g = torch.Generator().manual_seed(n * k)
     x = (torch.randn(1, k, generator=g) * 2).to(dtype)
     w = (torch.randn(2 * n, k, generator=g) * 2 / k ** 0.5).to(dtype)
