@@ -25,7 +25,7 @@ import torch
 import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from .prologue_pass import _RESHAPES, _call, _chain, _reshaped, _val, match_silu_mul
+from .prologue_pass import _RESHAPES, _call, _chain, _reshaped, _rows_of, _val, match_silu_mul
 
 aten = torch.ops.aten
 
@@ -117,13 +117,18 @@ def _fuse_one(graph: fx.Graph, product: fx.Node) -> Optional[set[fx.Node]]:
     chain = _exclusive(product, {x, up.args[0], gate.args[1], up.args[1]})
     if chain is None or gate not in chain or up not in chain:
         return None
+    # the op takes rows of any rank: given the [batch, seq, hidden] block that x flattens, its
+    # result has the product's shape, and no reshape (of symbolic sizes, in a dynamic piece) is made
+    rows = _rows_of(x)
+    if tuple(_val(rows).shape[:-1]) != tuple(_val(product).shape[:-1]):
+        rows = x
     with graph.inserting_before(product):
         weights = [_weight_rows(graph, p, s, width) for p, s in ((gate, g_start), (up, u_start))]
-        call = graph.call_function(op(), (x, *weights))
-        call.meta["val"] = _val(gate).new_empty((_val(x).shape[0], width))
+        call = graph.call_function(op(), (rows, *weights))
+        call.meta["val"] = _val(gate).new_empty((*_val(rows).shape[:-1], width))
         out = _reshaped(graph, call, product)
     product.replace_all_uses_with(out)
-    return chain | {up.args[0]}  # up's own reshape of x (transformers' Linear) is dead now too
+    return chain | {x, up.args[0]}  # the Linear's reshapes of the rows are dead now too
 
 
 def fuse_glu(graph: fx.Graph) -> int:
@@ -136,8 +141,8 @@ def fuse_glu(graph: fx.Graph) -> int:
         if chain is not None:
             dead.update(chain)
             rewritten += 1
-    for node in reversed(list(graph.nodes)):  # readers before what they read
-        if node in dead and not node.users:
+    for node in reversed(list(graph.nodes)):  # readers before what they read; never an input
+        if node in dead and not node.users and node.op == "call_function":
             graph.erase_node(node)
     return rewritten
 

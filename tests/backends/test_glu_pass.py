@@ -167,7 +167,7 @@ def test_inductor_graphs_of_real_mlps_are_fused_and_match_eager(kind, shape):
     mlp = _Mlp(kind).to(BF16)
     passes = _CpuPasses()
     torch._dynamo.reset()
-    compiled = torch.compile(mlp, backend="inductor", fullgraph=True, dynamic=False,
+    compiled = torch.compile(mlp, backend="inductor", fullgraph=True, dynamic=True,
                              options={"post_grad_custom_post_pass": passes, "fx_graph_cache": False})
     x = _real(shape, seed=3)[0]
     with torch.no_grad():
