@@ -1,16 +1,19 @@
-"""A built-in post-grad pass: an MLP's SiLU-and-mul goes into its gate and up projections.
+"""A built-in post-grad pass: a gated MLP's activation-and-mul goes into its gate and up projections.
 
 After the small-M pass (backends/small_m_pass.py) a gated MLP is `atom::small_m_linear` for
-gate and up, a SiLU-and-mul kernel, `atom::small_m_linear` for down. This pass finds
-`silu(gate) * up` where gate and up are
+gate and up, an activation-and-mul kernel, `atom::small_m_linear` for down. This pass finds
+`act(gate) * up` where act is SiLU (SwiGLU: Llama, Qwen, Mistral, Phi-3) or GELU's tanh form
+(GeGLU: Gemma), recognised by what it computes rather than by how the decompositions spell it:
+the pointwise nodes between the gate and the product are run on a float64 probe row and
+compared with each activation. Gate and up are
 - two halves of one projection `atom::small_m_linear(x, W, None)` along its last dimension
   (`chunk`, `split`, `split_with_sizes` or slices: vLLM's and the built-in Llama's merged
   gate_up weight, in either order), or
 - two projections of the same rows `x` (transformers' gate_proj and up_proj),
-through reshapes to and from [batch, seq, hidden], and calls `atom::gate_up_silu_mul(x, Wg, Wu)`
+through reshapes to and from [batch, seq, hidden], and calls `atom::gate_up_glu(x, Wg, Wu, act)`
 (ops/glu_linear.py: one launch at one token, with the weights' row blocks as slices of W).
 It rewrites only where nothing else reads the projections, so no weight is read twice; any
-other activation or layout is left as it is (the matching of silu is backends/prologue_pass.py's).
+other activation or layout is left as it is.
 """
 
 from __future__ import annotations
@@ -25,9 +28,84 @@ import torch
 import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from .prologue_pass import _RESHAPES, _call, _chain, _reshaped, _rows_of, _val, match_silu_mul
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-aten = torch.ops.aten
+from .prologue_pass import _RESHAPES, _call, _chain, _reshaped, _rows_of, _val
+from .small_m_pass import _HALF
+
+aten, prims = torch.ops.aten, torch.ops.prims
+MAX_ACTIVATION_NODES = 32  # an activation's decomposition is a handful of pointwise nodes
+
+
+def _pointwise(node: fx.Node) -> bool:
+    return node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) \
+        and torch.Tag.pointwise in node.target.tags
+
+
+def _activation_input(act: fx.Node) -> Optional[tuple[fx.Node, set[fx.Node]]]:
+    """(g, the pointwise nodes from g to `act`) where `act` is a pointwise function of the one
+    tensor g (and constants); else None."""
+    inner: set[fx.Node] = set()
+    leaves: set[fx.Node] = set()
+    todo = [act]
+    while todo:
+        node = todo.pop()
+        if node in inner or node in leaves:
+            continue
+        if _pointwise(node) and len(inner) < MAX_ACTIVATION_NODES:
+            inner.add(node)
+            todo.extend(node.all_input_nodes)
+        else:
+            leaves.add(node)
+    return (leaves.pop(), inner) if len(leaves) == 1 and inner else None
+
+
+def identify_activation(act: fx.Node, g: fx.Node, inner: set[fx.Node]) -> Optional[str]:
+    """The name (ops/glu_linear.ACTIVATIONS) of the function the nodes `inner` compute from `g`
+    to `act`; None where it is none of them (or cannot run here). They run on a float64 probe
+    row with every cast made a cast to float64: GELU's erf and tanh forms differ by 2e-4, below
+    bf16's rounding, and well above float64's."""
+    from ..ops.glu_linear import ACTIVATIONS, activate
+
+    # both tails and the curved middle, where SiLU and the GELUs differ most
+    probe = torch.linspace(-8.0, 8.0, 257, dtype=torch.float64)
+    values: dict[fx.Node, torch.Tensor] = {g: probe}
+
+    def run(node: fx.Node) -> torch.Tensor:
+        if node not in values:
+            args, kwargs = fx.node.map_arg((node.args, node.kwargs), run)
+            cast = node.target is prims.convert_element_type.default
+            values[node] = args[0].to(torch.float64) if cast else node.target(*args, **kwargs)
+        return values[node]
+
+    try:
+        with unset_fake_temporarily(), torch.no_grad():
+            got = run(act)
+    except Exception:  # an op with no CPU kernel, or arguments it cannot take on a probe row
+        return None
+    for name in ACTIVATIONS:
+        want = activate(probe, name)
+        if got.shape == want.shape and got.dtype == want.dtype and torch.allclose(got, want, rtol=1e-6, atol=1e-9):
+            return name
+    return None
+
+
+def match_glu(product: fx.Node) -> Optional[tuple[fx.Node, fx.Node, str]]:
+    """(gate, up, activation) where `product` is act(gate) * up of two half-precision row blocks
+    alike (2-D or 3-D) and act one of the op's activations; else None."""
+    out = _val(product)
+    if out is None or out.dim() not in (2, 3) or out.dtype not in _HALF or not _call(product, aten.mul.Tensor) \
+            or len(product.args) != 2 or not all(isinstance(a, fx.Node) for a in product.args):
+        return None
+    for act, up in (product.args, product.args[::-1]):
+        found = _activation_input(act)
+        alike = found is not None and all(
+            _val(t) is not None and tuple(_val(t).shape) == tuple(out.shape) and _val(t).dtype == out.dtype
+            for t in (found[0], up))
+        name = identify_activation(act, *found) if alike else None
+        if name is not None:
+            return found[0], up, name
+    return None
 
 
 def _unreshaped(node: fx.Node) -> fx.Node:
@@ -103,11 +181,12 @@ def _exclusive(product: fx.Node, stop: set) -> Optional[set[fx.Node]]:
 
 
 def _fuse_one(graph: fx.Graph, product: fx.Node) -> Optional[set[fx.Node]]:
-    """Rewrite `product` if it is an MLP's SiLU-and-mul of its projections; its chain or None."""
+    """Rewrite `product` if it is a gated MLP's activation-and-mul of its projections; its chain
+    or None."""
     from ..ops.glu_linear import op
 
-    found = match_silu_mul(product)
-    halves = [_projection(t) for t in found] if found is not None else [None]
+    found = match_glu(product)
+    halves = [_projection(t) for t in found[:2]] if found is not None else [None]
     if any(h is None for h in halves):
         return None
     (gate, g_start, width), (up, u_start, u_width) = halves
@@ -124,7 +203,7 @@ def _fuse_one(graph: fx.Graph, product: fx.Node) -> Optional[set[fx.Node]]:
         rows = x
     with graph.inserting_before(product):
         weights = [_weight_rows(graph, p, s, width) for p, s in ((gate, g_start), (up, u_start))]
-        call = graph.call_function(op(), (rows, *weights))
+        call = graph.call_function(op(), (rows, *weights, found[2]))
         call.meta["val"] = _val(gate).new_empty((*_val(rows).shape[:-1], width))
         out = _reshaped(graph, call, product)
     product.replace_all_uses_with(out)
@@ -132,7 +211,7 @@ def _fuse_one(graph: fx.Graph, product: fx.Node) -> Optional[set[fx.Node]]:
 
 
 def fuse_glu(graph: fx.Graph) -> int:
-    """Rewrite each SiLU-and-mul of `graph` over an MLP's gate and up projections, as described
+    """Rewrite each activation-and-mul of `graph` over a gated MLP's projections, as described
     above; the number rewritten. The nodes they leave without readers are removed."""
     dead: set[fx.Node] = set()
     rewritten = 0
@@ -154,5 +233,5 @@ class GluPass(CustomGraphPass):
         fuse_glu(graph)
 
     def uuid(self) -> str:
-        source = inspect.getsource(sys.modules[__name__]) + inspect.getsource(sys.modules[match_silu_mul.__module__])
+        source = inspect.getsource(sys.modules[__name__]) + inspect.getsource(sys.modules[_rows_of.__module__])
         return hashlib.sha256(source.encode()).hexdigest()[:32]

@@ -1,12 +1,14 @@
-"""`atom::gate_up_silu_mul`: an MLP's gate and up projections with the SiLU-and-mul after them.
+"""`atom::gate_up_glu`: a gated MLP's gate and up projections with the activation-and-mul after
+them (SwiGLU: SiLU; GeGLU: GELU's tanh form).
 
-silu(x @ gate_weight.T) * (x @ up_weight.T): the two weights are a merged gate_up weight's two
+act(x @ gate_weight.T) * (x @ up_weight.T): the two weights are a merged gate_up weight's two
 row blocks (vLLM's and the built-in Llama's layout) or two weights of their own (transformers').
 The GLU pass (backends/glu_pass.py) puts it where a CUDA piece has that computation. One row
 takes the Triton GEMV with the activation as its epilogue (ops/triton_glu.py: one launch);
 more rows take the projections as `atom::small_m_linear` decides them (one GEMM where the two
-weights are one merged block) and then one SiLU-and-mul kernel, the launches Inductor would
-have made; off CUDA, PyTorch itself. Results round where the model's own ops round.
+weights are one merged block), then the SiLU-and-mul kernel (SiLU) or PyTorch (GELU): the
+launches Inductor would have made, or one more; off CUDA, PyTorch itself. Results round where
+the model's own ops round.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from ..custom_ops import _library, direct_register_custom_op, registered_op
 from .linear import small_m_linear
 from .triton_present import triton_available
 
-OP_NAME = "gate_up_silu_mul"
+OP_NAME = "gate_up_glu"
+ACTIVATIONS = ("silu", "gelu_tanh")  # ops/triton_glu.py ACTIVATIONS, kept here so CPU code needs no Triton
 NAMESPACE = "atom"
 
 
@@ -44,30 +47,41 @@ def _projections(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Te
     return small_m_linear(x, gate_weight, None), small_m_linear(x, up_weight, None)
 
 
-def gate_up_silu_mul(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor) -> torch.Tensor:
+def activate(gate: torch.Tensor, activation: str) -> torch.Tensor:
+    """The activation as the models compute it, rounded to gate's dtype."""
+    if activation == "silu":
+        return torch.nn.functional.silu(gate)
+    if activation == "gelu_tanh":
+        return torch.nn.functional.gelu(gate, approximate="tanh")
+    raise ValueError(f"atom::{OP_NAME}: activation {activation!r} is not one of {ACTIVATIONS}")
+
+
+def gate_up_glu(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor, activation: str) -> torch.Tensor:
     flat = x.reshape(-1, x.shape[-1])
-    n = gate_weight.shape[0]
+    shape = (*x.shape[:-1], gate_weight.shape[0])
+    if activation not in ACTIVATIONS:
+        activate(x, activation)  # raises, naming the activations there are
     if x.is_cuda and triton_available():
         from . import triton_glu, triton_rowwise
 
         if triton_glu.supported(flat, gate_weight, up_weight):
-            return triton_glu.gate_up_silu_mul(flat, gate_weight, up_weight).reshape(*x.shape[:-1], n)
+            return triton_glu.gate_up_glu(flat, gate_weight, up_weight, activation).reshape(shape)
         gate, up = _projections(flat, gate_weight, up_weight)
-        if flat.shape[0] and triton_rowwise.silu_mul_supported(gate, up):
-            return triton_rowwise.silu_mul(gate, up).reshape(*x.shape[:-1], n)
+        if activation == "silu" and flat.shape[0] and triton_rowwise.silu_mul_supported(gate, up):
+            return triton_rowwise.silu_mul(gate, up).reshape(shape)
     else:
         gate, up = _projections(flat, gate_weight, up_weight)
-    return (torch.nn.functional.silu(gate) * up).reshape(*x.shape[:-1], n)
+    return (activate(gate, activation) * up).reshape(shape)
 
 
-def _fake(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor) -> torch.Tensor:
+def _fake(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor, activation: str) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], gate_weight.shape[0]))
 
 
 def _register() -> None:
     if registered_op(f"{NAMESPACE}::{OP_NAME}") is not None:
         return
-    direct_register_custom_op(OP_NAME, gate_up_silu_mul, mutates_args=[], fake_impl=_fake,
+    direct_register_custom_op(OP_NAME, gate_up_glu, mutates_args=[], fake_impl=_fake,
                               target_lib=_library(NAMESPACE))  # kept alive there: a freed Library unregisters
 
 
@@ -76,4 +90,4 @@ _register()
 
 def op() -> torch._ops.OpOverload:
     """The registered op's default overload."""
-    return torch.ops.atom.gate_up_silu_mul.default
+    return torch.ops.atom.gate_up_glu.default

@@ -1,9 +1,10 @@
-"""Triton GEMV for an MLP's gate and up projections with SiLU-and-mul as its epilogue (one row).
+"""Triton GEMV for a gated MLP's gate and up projections with act(gate) * up as its epilogue
+(one row; act is SiLU or GELU's tanh form: SwiGLU, GeGLU).
 
-At one token a gated MLP is GEMV (gate_up), SiLU-and-mul, GEMV (down): the activation is a
-kernel of its own, a launch and a trip of both halves through memory. Here each program reads
+At one token a gated MLP is GEMV (gate_up), activation-and-mul, GEMV (down): the activation is
+a kernel of its own, a launch and a trip of both halves through memory. Here each program reads
 BLOCK_N rows of the gate weight and the same rows of the up weight along K, keeps two float32
-accumulators and writes silu(gate) * up: the row reads the same weight bytes as the plain GEMV,
+accumulators and writes act(gate) * up: the row reads the same weight bytes as the plain GEMV,
 with the same rows in flight per program, and the activation costs nothing. The prologue form
 (ops/prologue_linear.py) recomputes the activation in every program of the down projection.
 """
@@ -20,9 +21,22 @@ from .triton_launch import FastLaunch, cdiv
 from .triton_linear import gemv_config
 
 
+ACTIVATIONS = ("silu", "gelu_tanh")  # the kernel's ACT: an index into these
+
+
 @triton.jit
-def _gate_up_silu_mul_kernel(x_ptr, wg_ptr, wu_ptr, y_ptr, N, K, stride_gn, stride_un,
-                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+def _activation(g, ACT: tl.constexpr):
+    if ACT == 0:
+        out = g / (1.0 + tl.exp(-g))
+    else:  # tanh(y) as 1 - 2 / (1 + e^2y): exact at both ends, where e^2y is 0 or inf
+        y = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+        out = 0.5 * g * (2.0 - 2.0 / (1.0 + tl.exp(2.0 * y)))
+    return out
+
+
+@triton.jit
+def _gate_up_glu_kernel(x_ptr, wg_ptr, wu_ptr, y_ptr, N, K, stride_gn, stride_un,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACT: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -42,14 +56,13 @@ def _gate_up_silu_mul_kernel(x_ptr, wg_ptr, wu_ptr, y_ptr, N, K, stride_gn, stri
         acc_u += tl.sum(tl.load(u_ptrs, mask=mask, other=0.0).to(tl.float32) * x, axis=1)
         g_ptrs += BLOCK_K
         u_ptrs += BLOCK_K
-    # rounded where the model's ops round: each projection's output, silu(gate), the product
+    # rounded where the model's ops round: each projection's output, act(gate), the product
     dtype = y_ptr.dtype.element_ty
-    g = acc_g.to(dtype).to(tl.float32)
-    act = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
+    act = _activation(acc_g.to(dtype).to(tl.float32), ACT).to(dtype).to(tl.float32)
     tl.store(y_ptr + offs_n, (act * acc_u.to(dtype).to(tl.float32)).to(dtype), mask=n_mask)
 
 
-_launch = FastLaunch(_gate_up_silu_mul_kernel)
+_launch = FastLaunch(_gate_up_glu_kernel)
 
 
 def glu_config(k: int) -> tuple[int, int, int]:
@@ -68,12 +81,14 @@ def supported(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tenso
             and gate_weight.shape == up_weight.shape)
 
 
-def gate_up_silu_mul(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor,
-                     config: tuple[int, int, int] | None = None) -> torch.Tensor:
-    """silu(x @ gate_weight.T) * (x @ up_weight.T) for a row `supported` accepts, in one launch."""
+def gate_up_glu(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor, activation: str,
+                config: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """act(x @ gate_weight.T) * (x @ up_weight.T) for a row `supported` accepts and an
+    `activation` of ACTIVATIONS, in one launch."""
     n, k = gate_weight.shape
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     block_n, block_k, warps = config or glu_config(k)
     _launch((cdiv(n, block_n), 1, 1), (x, gate_weight, up_weight, out, n, k, gate_weight.stride(0), up_weight.stride(0)),
-            {"BLOCK_N": block_n, "BLOCK_K": block_k, "PDL": pdl.enabled(x.device)}, num_warps=warps)
+            {"BLOCK_N": block_n, "BLOCK_K": block_k, "ACT": ACTIVATIONS.index(activation), "PDL": pdl.enabled(x.device)},
+            num_warps=warps)
     return out

@@ -1,5 +1,5 @@
-"""The built-in GLU pass: an MLP's SiLU-and-mul over its gate and up projections becomes
-atom::gate_up_silu_mul (the activation as the gate_up GEMV's epilogue), on graphs spelled as
+"""The built-in GLU pass: a gated MLP's activation-and-mul over its gate and up projections
+becomes atom::gate_up_glu (the activation as the gate_up GEMV's epilogue), on graphs spelled as
 Inductor's post-grad graphs are and on the graphs Inductor itself hands the pass."""
 
 import pytest
@@ -80,6 +80,34 @@ def test_halves_of_one_projection_are_fused_and_compute_the_same(spelling):
     torch.testing.assert_close(gm(*real), f(*real))
 
 
+@pytest.mark.parametrize("spelling", ["gelu_tanh_op", "decomposed"])
+def test_gelu_tanh_gates_are_fused_as_geglu(spelling):
+    """GeGLU (Gemma): GELU's tanh form, as one op or as its decomposition spells it."""
+    linear = small_m_linear_op()
+
+    def f(x, w, wd):
+        gate, up = aten.split.Tensor(linear(x, w, None), N, -1)
+        if spelling == "gelu_tanh_op":
+            act = aten.gelu.default(gate, approximate="tanh")
+        else:
+            g = prims.convert_element_type.default(gate, torch.float32)
+            inner = aten.mul.Tensor(aten.add.Tensor(g, aten.mul.Tensor(aten.mul.Tensor(aten.mul.Tensor(g, g), g),
+                                                                       0.044715)), 0.7978845608028654)
+            act = prims.convert_element_type.default(
+                aten.mul.Tensor(aten.mul.Tensor(g, 0.5), aten.add.Tensor(aten.tanh.default(inner), 1)), BF16)
+        return linear(aten.mul.Tensor(act, up), wd, None)
+
+    shapes = ((1, K), (2 * N, K), (K, N))
+    gm = _trace(f, *shapes)
+    assert fuse_glu(gm.graph) == 1
+    gm.graph.lint()
+    gm.recompile()
+    [call] = [n for n in gm.graph.nodes if n.target is glu_linear.op()]
+    assert call.args[3] == "gelu_tanh"
+    real = _real(*shapes, seed=5)
+    torch.testing.assert_close(gm(*real), f(*real))
+
+
 def test_two_projections_of_the_same_rows_are_fused_through_reshapes():
     shapes = ((2, 3, K), (N, K), (N, K), (K, N))
     gm = _trace(_separate, *shapes)
@@ -107,11 +135,19 @@ def test_left_alone_where_the_projections_are_read_elsewhere_or_differ():
         gate, up = aten.split.Tensor(linear(x, w, w[:, 0]), N, -1)
         return linear(aten.mul.Tensor(_silu(gate), up), wd, None)
 
-    def gelu(x, w, wd):
+    def gelu_erf(x, w, wd):  # within 2e-4 of GELU's tanh form, and still another function
         gate, up = aten.split.Tensor(linear(x, w, None), N, -1)
         return linear(aten.mul.Tensor(aten.gelu.default(gate), up), wd, None)
 
-    for f in (read_elsewhere, other_rows, with_bias, gelu):
+    def sigmoid_only(x, w, wd):  # a GLU of sigmoid: not an activation of the op
+        gate, up = aten.split.Tensor(linear(x, w, None), N, -1)
+        return linear(aten.mul.Tensor(aten.sigmoid.default(gate), up), wd, None)
+
+    def two_gates(x, w, wd):  # silu(gate) * gate: no up projection
+        gate, _ = aten.split.Tensor(linear(x, w, None), N, -1)
+        return linear(aten.mul.Tensor(aten.silu.default(gate), gate), wd, None)
+
+    for f in (read_elsewhere, other_rows, with_bias, gelu_erf, sigmoid_only, two_gates):
         gm = _trace(f, (1, K), (2 * N, K), (K, N))
         assert fuse_glu(gm.graph) == 0, f.__name__
 
@@ -124,11 +160,12 @@ def test_the_op_merges_adjacent_weights_into_one_projection():
     x, w = _real((3, K), (2 * N, K), seed=2)
     for gate, up in ((w[:N], w[N:]), (w[N:], w[:N]), (w[:N].clone(), w[N:].clone())):
         want = torch.nn.functional.silu(x @ gate.T) * (x @ up.T)
-        torch.testing.assert_close(glu_linear.gate_up_silu_mul(x, gate, up), want)
+        torch.testing.assert_close(glu_linear.gate_up_glu(x, gate, up, "silu"), want)
 
 
 class _Mlp(torch.nn.Module):
-    """The built-in Llama's MLP (merged gate_up, chunk) or transformers' (gate_proj, up_proj)."""
+    """The built-in Llama's MLP (merged gate_up, chunk), transformers' Llama MLP (gate_proj,
+    up_proj) or Gemma 3's (GeGLU: gelu_pytorch_tanh)."""
 
     def __init__(self, kind: str):
         super().__init__()
@@ -136,6 +173,11 @@ class _Mlp(torch.nn.Module):
             from atom_compile.models.llama import MLP, preset
 
             self.mlp = MLP(preset("tiny", hidden_size=64, intermediate_size=96))
+        elif kind == "gemma3":
+            import transformers
+            from transformers.models.gemma3.modeling_gemma3 import Gemma3MLP
+
+            self.mlp = Gemma3MLP(transformers.Gemma3TextConfig(hidden_size=64, intermediate_size=96))
         else:
             import transformers
             from transformers.models.llama.modeling_llama import LlamaMLP
@@ -161,7 +203,7 @@ class _CpuPasses(CustomGraphPass):
         return None  # never cached: each compile runs the pass
 
 
-@pytest.mark.parametrize("kind,shape", [("atom", (1, 64)), ("transformers", (2, 3, 64))])
+@pytest.mark.parametrize("kind,shape", [("atom", (1, 64)), ("transformers", (2, 3, 64)), ("gemma3", (1, 64))])
 def test_inductor_graphs_of_real_mlps_are_fused_and_match_eager(kind, shape):
     """The activation goes into gate_up, so the prologue pass finds none for down."""
     mlp = _Mlp(kind).to(BF16)

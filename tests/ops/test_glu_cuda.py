@@ -1,6 +1,6 @@
-"""atom::gate_up_silu_mul on the GPU, bf16 at decode shapes, against the model's own PyTorch:
-one row on the epilogue GEMV (one launch), more rows on the projections and the SiLU-and-mul
-kernel; a merged gate_up weight's halves (either order) and weights of their own."""
+"""atom::gate_up_glu on the GPU, bf16 at decode shapes, against the model's own PyTorch: one row
+on the epilogue GEMV (one launch), more rows on the projections and the SiLU-and-mul kernel (or
+PyTorch's GELU); a merged gate_up weight's halves (either order) and weights of their own."""
 
 from __future__ import annotations
 
@@ -28,12 +28,13 @@ def _weights(n, k, layout, seed):
 @pytest.mark.parametrize("m", [1, 3, 64])
 @pytest.mark.parametrize("n,k", [(8192, 2048), (1000, 130)])
 @pytest.mark.parametrize("layout", ["merged", "merged_up_first", "separate"])
-def test_the_op_matches_the_model(m, n, k, layout):
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+def test_the_op_matches_the_model(m, n, k, layout, activation):
     gate_w, up_w = _weights(n, k, layout, seed=m + k)
     x = torch.randn(m, k, device="cuda", dtype=BF16)
     gate, up = torch.nn.functional.linear(x, gate_w), torch.nn.functional.linear(x, up_w)
-    want = torch.nn.functional.silu(gate) * up
-    torch.testing.assert_close(glu_linear.op()(x, gate_w, up_w), want, atol=3e-2, rtol=3e-2)
+    want = glu_linear.activate(gate, activation) * up
+    torch.testing.assert_close(glu_linear.op()(x, gate_w, up_w, activation), want, atol=3e-2, rtol=3e-2)
 
 
 def _kernels(call) -> list[str]:
@@ -46,10 +47,10 @@ def _kernels(call) -> list[str]:
 
 def test_one_row_is_one_launch_and_more_rows_one_activation_kernel():
     gate_w, up_w = _weights(8192, 2048, "merged", seed=0)
-    one = _kernels(lambda: glu_linear.op()(torch.ones(1, 2048, device="cuda", dtype=BF16), gate_w, up_w))
-    assert len(one) == 1 and "gate_up_silu_mul" in one[0], one
+    one = _kernels(lambda: glu_linear.op()(torch.ones(1, 2048, device="cuda", dtype=BF16), gate_w, up_w, "silu"))
+    assert len(one) == 1 and "gate_up_glu" in one[0], one
     # four rows: the library GEMM over the merged halves (one, or a split-K pair), then one
     # SiLU-and-mul kernel, and no PyTorch elementwise kernel
-    four = _kernels(lambda: glu_linear.op()(torch.ones(4, 2048, device="cuda", dtype=BF16), gate_w, up_w))
+    four = _kernels(lambda: glu_linear.op()(torch.ones(4, 2048, device="cuda", dtype=BF16), gate_w, up_w, "silu"))
     assert sum("silu_mul" in k for k in four) == 1 and len(four) <= 3, four
     assert not any("elementwise" in k.lower() for k in four), four

@@ -170,7 +170,7 @@ def test_norms_fused_into_projections_decode_as_eager(baselines):
 
 def test_silu_mul_fused_into_gate_up_decodes_as_eager(baselines, tmp_path):
     """glu_pass: every layer's SiLU-and-mul is the epilogue of its gate_up projection
-    (atom::gate_up_silu_mul: one launch at one token, cuBLAS and a SiLU-and-mul kernel above),
+    (atom::gate_up_glu: one launch at one token, cuBLAS and a SiLU-and-mul kernel above),
     under FULL graphs, with the prologue pass on too (which then finds no activation for down)."""
     expect = baselines[1][3]
     root = tmp_path  # a cache of its own: the code read below is this run's only
@@ -178,7 +178,7 @@ def test_silu_mul_fused_into_gate_up_decodes_as_eager(baselines, tmp_path):
     for i, ((_, logits), (_, want_logits)) in enumerate(zip(engine.trace, expect.trace)):
         torch.testing.assert_close(logits, want_logits, atol=3e-2, rtol=3e-2, msg=lambda m: f"step {i}: {m}")
     code = "\n".join(p.read_text() for p in root.rglob("*.py") if "def call(" in p.read_text())
-    assert code.count("torch.ops.atom.gate_up_silu_mul") >= LLAMA.num_layers
+    assert code.count("torch.ops.atom.gate_up_glu") >= LLAMA.num_layers
     assert "torch.ops.atom.silu_mul_linear" not in code
     assert info["replayed"] > 0
 

@@ -13,7 +13,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from atom_compile.ops.triton_attention_kernels import _attention_kernel, _write_kv_kernel  # noqa: F401
-from atom_compile.ops.triton_glu import _gate_up_silu_mul_kernel
+from atom_compile.ops.triton_glu import _gate_up_glu_kernel
 from atom_compile.ops.triton_linear import _small_m_linear_kernel
 from atom_compile.ops.triton_rowwise import _add_rms_norm_kernel, _silu_mul_kernel
 from atom_compile.ops.triton_splitk import _split_k_kernel
@@ -74,7 +74,7 @@ VARIANTS = [
           WRITE_KV=True, PDL=True, PREFETCH=True), 4),
     ("add-rms-norm", _add_rms_norm_kernel, dict(ADD=True, BLOCK_K=2048, PDL=True), 4),
     ("silu-mul", _silu_mul_kernel, dict(BLOCK_K=1024, PDL=True), 4),
-    ("gate_up gemv with the silu-mul epilogue", _gate_up_silu_mul_kernel, dict(BLOCK_N=1, BLOCK_K=2048, PDL=True), 2),
+    ("gate_up gemv with the gelu-mul epilogue", _gate_up_glu_kernel, dict(BLOCK_N=1, BLOCK_K=2048, ACT=1, PDL=True), 2),
     ("split-k", _split_k_kernel, dict(HAS_BIAS=True, BLOCK_N=16, BLOCK_K=256, SPLIT=4, PDL=True, PREFETCH=False), 4),
     ("split-k+prefetch", _split_k_kernel,
      dict(HAS_BIAS=False, BLOCK_N=32, BLOCK_K=128, SPLIT=8, PDL=True, PREFETCH=True), 4),

@@ -1,7 +1,7 @@
-"""The gate_up GEMV with the SiLU-and-mul epilogue (ops/triton_glu.py) against the model's own
-PyTorch (two projections rounded to the dtype, F.silu, the product), on CPU through Triton's
-interpreter (TRITON_INTERPRET=1): merged and separate weights, either order of the halves,
-ragged N and K (one step and a K loop), other block shapes, fp16 and bf16."""
+"""The gate_up GEMV with the activation-and-mul epilogue (ops/triton_glu.py) against the model's
+own PyTorch (two projections rounded to the dtype, F.silu or F.gelu's tanh form, the product),
+on CPU through Triton's interpreter (TRITON_INTERPRET=1): merged and separate weights, either
+order of the halves, ragged N and K (one step and a K loop), other block shapes, fp16 and bf16."""
 
 from __future__ import annotations
 
@@ -21,20 +21,24 @@ def glu():
     return triton_glu
 
 
-def _reference(x, wg, wu):
+def _reference(x, wg, wu, activation):
+    from atom_compile.ops.glu_linear import activate
+
     gate = torch.nn.functional.linear(x.float(), wg.float()).to(x.dtype)
     up = torch.nn.functional.linear(x.float(), wu.float()).to(x.dtype)
-    return torch.nn.functional.silu(gate) * up
+    return activate(gate, activation) * up
 
 
 F16, BF16 = torch.float16, torch.bfloat16
 
 
-# each layout in both dtypes, each (n, k) twice: ragged N and K, one step and a K loop
-@pytest.mark.parametrize("n,k,layout,dtype", [(37, 48, "merged", F16), (37, 48, "merged_up_first", BF16),
-                                              (96, 300, "separate", F16), (96, 300, "merged", BF16),
-                                              (19, 5000, "merged_up_first", F16), (19, 5000, "separate", BF16)])
-def test_gate_up_with_the_silu_mul_epilogue(glu, n, k, layout, dtype):
+# each layout in both dtypes and with both activations, each (n, k) twice: ragged N and K, one
+# step and a K loop
+@pytest.mark.parametrize("n,k,layout,dtype,activation", [
+    (37, 48, "merged", F16, "silu"), (37, 48, "merged_up_first", BF16, "gelu_tanh"),
+    (96, 300, "separate", F16, "gelu_tanh"), (96, 300, "merged", BF16, "silu"),
+    (19, 5000, "merged_up_first", F16, "silu"), (19, 5000, "separate", BF16, "gelu_tanh")])
+def test_gate_up_with_the_activation_epilogue(glu, n, k, layout, dtype, activation):
     g = torch.Generator().manual_seed(n * k)
     x = (torch.randn(1, k, generator=g) * 2).to(dtype)
     w = (torch.randn(2 * n, k, generator=g) * 2 / k ** 0.5).to(dtype)
@@ -42,11 +46,11 @@ def test_gate_up_with_the_silu_mul_epilogue(glu, n, k, layout, dtype):
         wg, wu = w[:n].clone(), (torch.randn(n, k, generator=g) / k ** 0.5).to(dtype)
     else:
         wg, wu = (w[:n], w[n:]) if layout == "merged" else (w[n:], w[:n])
-    want = _reference(x, wg, wu)
+    want = _reference(x, wg, wu, activation)
     # bf16 through the interpreter truncates where the GPU rounds: a step at each of 3 roundings
     tol = dict(atol=2e-3, rtol=4e-3) if dtype == torch.float16 else dict(atol=2e-2, rtol=3e-2)
     for config in [glu.glu_config(k)] + ([(4, 128, 4), (1, 64, 2)] if k < 1000 else []):
-        out = glu.gate_up_silu_mul(x, wg, wu, config)
+        out = glu.gate_up_glu(x, wg, wu, activation, config)
         assert out.shape == (1, n) and out.dtype == dtype
         torch.testing.assert_close(out, want, **tol, msg=f"config {config}")
 
@@ -64,4 +68,16 @@ def test_a_strided_row(glu):
     big = torch.randn(3, 200).to(torch.float16)
     x = big[1:2, 40:104]  # a row of a wider block
     wg, wu = (torch.randn(2, 24, 64) / 8).to(torch.float16)
-    torch.testing.assert_close(glu.gate_up_silu_mul(x, wg, wu), _reference(x, wg, wu), atol=2e-3, rtol=4e-3)
+    want = _reference(x, wg, wu, "silu")
+    torch.testing.assert_close(glu.gate_up_glu(x, wg, wu, "silu"), want, atol=2e-3, rtol=4e-3)
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+def test_gates_far_out_in_both_tails(glu, activation):
+    # |gate| up to ~60: exp overflows to inf on one side, the activation must not be nan
+    x = torch.linspace(-1, 1, 64).to(torch.float32)[None, :]
+    wg = (torch.randn(40, 64, generator=torch.Generator().manual_seed(5)) * 12).to(torch.float32)
+    wu = torch.ones(40, 64) / 8
+    got = glu.gate_up_glu(x, wg, wu, activation)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, _reference(x, wg, wu, activation), atol=1e-4, rtol=1e-4)
