@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from ..custom_ops import _library, direct_register_custom_op, registered_op
+from ..custom_ops import _library, direct_register_custom_op
 from .linear import small_m_linear
 from .triton_present import triton_available
 
@@ -78,16 +78,12 @@ def _fake(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor, a
     return x.new_empty((*x.shape[:-1], gate_weight.shape[0]))
 
 
-def _register() -> None:
-    if registered_op(f"{NAMESPACE}::{OP_NAME}") is not None:
-        return
-    direct_register_custom_op(OP_NAME, gate_up_glu, mutates_args=[], fake_impl=_fake,
-                              target_lib=_library(NAMESPACE))  # kept alive there: a freed Library unregisters
-
-
-_register()
+# registered once (a second import finds the same schema and changes nothing); the Library
+# keeps it, and a freed Library would unregister it
+_PACKET = direct_register_custom_op(OP_NAME, gate_up_glu, mutates_args=[], fake_impl=_fake,
+                                    target_lib=_library(NAMESPACE))
 
 
 def op() -> torch._ops.OpOverload:
     """The registered op's default overload."""
-    return torch.ops.atom.gate_up_glu.default
+    return _PACKET.default
