@@ -42,9 +42,9 @@ def _pointwise(node: fx.Node) -> bool:
         and torch.Tag.pointwise in node.target.tags
 
 
-def _activation_input(act: fx.Node) -> Optional[tuple[fx.Node, set[fx.Node]]]:
-    """(g, the pointwise nodes from g to `act`) where `act` is a pointwise function of the one
-    tensor g (and constants); else None."""
+def _activation_input(act: fx.Node) -> Optional[fx.Node]:
+    """g where `act` is a pointwise function (at most MAX_ACTIVATION_NODES nodes) of the one
+    tensor g and constants; else None."""
     inner: set[fx.Node] = set()
     leaves: set[fx.Node] = set()
     todo = [act]
@@ -57,18 +57,11 @@ def _activation_input(act: fx.Node) -> Optional[tuple[fx.Node, set[fx.Node]]]:
             todo.extend(node.all_input_nodes)
         else:
             leaves.add(node)
-    return (leaves.pop(), inner) if len(leaves) == 1 and inner else None
+    return leaves.pop() if len(leaves) == 1 and inner else None
 
 
-def identify_activation(act: fx.Node, g: fx.Node, inner: set[fx.Node]) -> Optional[str]:
-    """The name (ops/glu_linear.ACTIVATIONS) of the function the nodes `inner` compute from `g`
-    to `act`; None where it is none of them (or cannot run here). They run on a float64 probe
-    row with every cast made a cast to float64: GELU's erf and tanh forms differ by 2e-4, below
-    bf16's rounding, and well above float64's."""
-    from ..ops.glu_linear import ACTIVATIONS, activate
-
-    # both tails and the curved middle, where SiLU and the GELUs differ most
-    probe = torch.linspace(-8.0, 8.0, 257, dtype=torch.float64)
+def _run_on(probe: torch.Tensor, act: fx.Node, g: fx.Node) -> torch.Tensor:
+    """The nodes from `g` to `act` run on `probe` as g, each cast a cast to float64."""
     values: dict[fx.Node, torch.Tensor] = {g: probe}
 
     def run(node: fx.Node) -> torch.Tensor:
@@ -78,15 +71,29 @@ def identify_activation(act: fx.Node, g: fx.Node, inner: set[fx.Node]) -> Option
             values[node] = args[0].to(torch.float64) if cast else node.target(*args, **kwargs)
         return values[node]
 
-    try:
-        with unset_fake_temporarily(), torch.no_grad():
-            got = run(act)
-    except Exception:  # an op with no CPU kernel, or arguments it cannot take on a probe row
-        return None
-    for name in ACTIVATIONS:
-        want = activate(probe, name)
-        if got.shape == want.shape and got.dtype == want.dtype and torch.allclose(got, want, rtol=1e-6, atol=1e-9):
-            return name
+    return run(act)
+
+
+def identify_activation(act: fx.Node, g: fx.Node) -> Optional[str]:
+    """The name (ops/glu_linear.ACTIVATIONS) of the function the pointwise nodes from `g` to
+    `act` compute; None where it is none of them (or cannot run here). They run on a float64
+    probe row with every cast made a cast to float64: GELU's erf and tanh forms differ by 2e-4,
+    below bf16's rounding and well above float64's."""
+    from ..ops.glu_linear import ACTIVATIONS, activate
+
+    # real tensors, even where the pass runs under a fake mode (the graph's values are fake)
+    with unset_fake_temporarily(), torch.no_grad():
+        # both tails and the curved middle, where SiLU and the GELUs differ most
+        probe = torch.linspace(-8.0, 8.0, 257, dtype=torch.float64)
+        try:
+            got = _run_on(probe, act, g)
+        except Exception:  # an op with no CPU kernel, or arguments it cannot take on a probe row
+            return None
+        for name in ACTIVATIONS:
+            want = activate(probe, name)
+            if isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype == want.dtype \
+                    and torch.allclose(got, want, rtol=1e-6, atol=1e-9):
+                return name
     return None
 
 
@@ -98,13 +105,13 @@ def match_glu(product: fx.Node) -> Optional[tuple[fx.Node, fx.Node, str]]:
             or len(product.args) != 2 or not all(isinstance(a, fx.Node) for a in product.args):
         return None
     for act, up in (product.args, product.args[::-1]):
-        found = _activation_input(act)
-        alike = found is not None and all(
+        gate = _activation_input(act)
+        alike = gate is not None and all(
             _val(t) is not None and tuple(_val(t).shape) == tuple(out.shape) and _val(t).dtype == out.dtype
-            for t in (found[0], up))
-        name = identify_activation(act, *found) if alike else None
+            for t in (gate, up))
+        name = identify_activation(act, gate) if alike else None
         if name is not None:
-            return found[0], up, name
+            return gate, up, name
     return None
 
 
@@ -227,11 +234,15 @@ def fuse_glu(graph: fx.Graph) -> int:
 
 
 class GluPass(CustomGraphPass):
-    """`fuse_glu` as an Inductor custom pass, keyed by its source (and the matchers it uses)."""
+    """`fuse_glu` as an Inductor custom pass, keyed by its source, the helpers it takes from the
+    prologue pass and the op's module (its activations)."""
 
     def __call__(self, graph: fx.Graph) -> None:
         fuse_glu(graph)
 
     def uuid(self) -> str:
-        source = inspect.getsource(sys.modules[__name__]) + inspect.getsource(sys.modules[_rows_of.__module__])
+        from ..ops import glu_linear  # what it recognises: the op's activations
+
+        source = "".join(inspect.getsource(m) for m in (sys.modules[__name__], sys.modules[_rows_of.__module__],
+                                                         glu_linear))
         return hashlib.sha256(source.encode()).hexdigest()[:32]
