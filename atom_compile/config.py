@@ -71,8 +71,9 @@ class CompilationConfig:
     # residual add before it) or a SiLU-and-mul into the small-M projection that reads it: one
     # launch at one token. Off until measured on a GPU; needs small_m_linear_pass. Keyed when on.
     prologue_pass: bool = False
-    # The built-in post-grad pass (backends/glu_pass.py) that puts an MLP's SiLU-and-mul into the
-    # epilogue of its gate and up projections: one launch at one token, no activation kernel.
+    # The built-in post-grad pass (backends/glu_pass.py) that puts a gated MLP's activation-and-
+    # mul (SwiGLU, GeGLU) into the epilogue of its gate and up projections: one launch at one
+    # token, no activation kernel.
     # Off until measured on a GPU (benchmarks/decode.py -glu arms); needs small_m_linear_pass.
     # Keyed when on.
     glu_pass: bool = False

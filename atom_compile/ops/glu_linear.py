@@ -6,9 +6,9 @@ row blocks (vLLM's and the built-in Llama's layout) or two weights of their own 
 The GLU pass (backends/glu_pass.py) puts it where a CUDA piece has that computation. One row
 takes the Triton GEMV with the activation as its epilogue (ops/triton_glu.py: one launch);
 more rows take the projections as `atom::small_m_linear` decides them (one GEMM where the two
-weights are one merged block), then the SiLU-and-mul kernel (SiLU) or PyTorch (GELU): the
-launches Inductor would have made, or one more; off CUDA, PyTorch itself. Results round where
-the model's own ops round.
+weights are one merged block), then one activation-and-mul kernel (ops/triton_rowwise.py): the
+launches Inductor would have made; off CUDA, PyTorch itself. Results round where the model's
+own ops round.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from .linear import small_m_linear
 from .triton_present import triton_available
 
 OP_NAME = "gate_up_glu"
-ACTIVATIONS = ("silu", "gelu_tanh")  # ops/triton_glu.py ACTIVATIONS, kept here so CPU code needs no Triton
+ACTIVATIONS = ("silu", "gelu_tanh")  # ops/triton_rowwise.py ACTIVATIONS, kept here so CPU code needs no Triton
 NAMESPACE = "atom"
 
 
@@ -67,8 +67,8 @@ def gate_up_glu(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Ten
         if triton_glu.supported(flat, gate_weight, up_weight):
             return triton_glu.gate_up_glu(flat, gate_weight, up_weight, activation).reshape(shape)
         gate, up = _projections(flat, gate_weight, up_weight)
-        if activation == "silu" and flat.shape[0] and triton_rowwise.silu_mul_supported(gate, up):
-            return triton_rowwise.silu_mul(gate, up).reshape(shape)
+        if triton_rowwise.silu_mul_supported(gate, up):
+            return triton_rowwise.act_mul(gate, up, activation).reshape(shape)
     else:
         gate, up = _projections(flat, gate_weight, up_weight)
     return (activate(gate, activation) * up).reshape(shape)

@@ -17,21 +17,9 @@ import triton.language as tl
 
 from . import pdl
 from .pdl import wait_then_release
+from .triton_rowwise import ACTIVATIONS, activation
 from .triton_launch import FastLaunch, cdiv
 from .triton_linear import gemv_config
-
-
-ACTIVATIONS = ("silu", "gelu_tanh")  # the kernel's ACT: an index into these
-
-
-@triton.jit
-def _activation(g, ACT: tl.constexpr):
-    if ACT == 0:
-        out = g / (1.0 + tl.exp(-g))
-    else:  # tanh(y) as 1 - 2 / (1 + e^2y): exact at both ends, where e^2y is 0 or inf
-        y = 0.7978845608028654 * (g + 0.044715 * g * g * g)
-        out = 0.5 * g * (2.0 - 2.0 / (1.0 + tl.exp(2.0 * y)))
-    return out
 
 
 @triton.jit
@@ -58,7 +46,7 @@ def _gate_up_glu_kernel(x_ptr, wg_ptr, wu_ptr, y_ptr, N, K, stride_gn, stride_un
         u_ptrs += BLOCK_K
     # rounded where the model's ops round: each projection's output, act(gate), the product
     dtype = y_ptr.dtype.element_ty
-    act = _activation(acc_g.to(dtype).to(tl.float32), ACT).to(dtype).to(tl.float32)
+    act = activation(acc_g.to(dtype).to(tl.float32), ACT).to(dtype).to(tl.float32)
     tl.store(y_ptr + offs_n, (act * acc_u.to(dtype).to(tl.float32)).to(dtype), mask=n_mask)
 
 
@@ -81,14 +69,14 @@ def supported(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tenso
             and gate_weight.shape == up_weight.shape)
 
 
-def gate_up_glu(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor, activation: str,
+def gate_up_glu(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor, act: str,
                 config: tuple[int, int, int] | None = None) -> torch.Tensor:
     """act(x @ gate_weight.T) * (x @ up_weight.T) for a row `supported` accepts and an
-    `activation` of ACTIVATIONS, in one launch."""
+    activation `act` of ACTIVATIONS, in one launch."""
     n, k = gate_weight.shape
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     block_n, block_k, warps = config or glu_config(k)
     _launch((cdiv(n, block_n), 1, 1), (x, gate_weight, up_weight, out, n, k, gate_weight.stride(0), up_weight.stride(0)),
-            {"BLOCK_N": block_n, "BLOCK_K": block_k, "ACT": ACTIVATIONS.index(activation), "PDL": pdl.enabled(x.device)},
+            {"BLOCK_N": block_n, "BLOCK_K": block_k, "ACT": ACTIVATIONS.index(act), "PDL": pdl.enabled(x.device)},
             num_warps=warps)
     return out

@@ -1,5 +1,5 @@
-"""Triton row-wise kernels (RMSNorm after a residual add; SiLU-and-mul) for the rows the fused
-GEMV does not take.
+"""Triton row-wise kernels (RMSNorm after a residual add; SiLU- or GELU-and-mul) for the rows
+the fused GEMVs do not take.
 
 The ops of ops/prologue_linear.py put these into the GEMV's prologue at one row; at more rows
 they run these kernels (one launch each, as Inductor's fused kernels would be) and then the
@@ -69,8 +69,23 @@ def add_rms_norm(x: torch.Tensor, residual: Optional[torch.Tensor], norm_weight:
     return y, h
 
 
+ACTIVATIONS = ("silu", "gelu_tanh")  # a kernel's ACT: an index into these
+
+
 @triton.jit
-def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, K, stride_gm, stride_um, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+def activation(g, ACT: tl.constexpr):
+    """SiLU (ACT 0) or GELU's tanh form (ACT 1) of float32 `g`."""
+    if ACT == 0:
+        out = g / (1.0 + tl.exp(-g))
+    else:  # tanh(y) as 1 - 2 / (1 + e^2y): exact at both ends, where e^2y is 0 or inf
+        y = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+        out = 0.5 * g * (2.0 - 2.0 / (1.0 + tl.exp(2.0 * y)))
+    return out
+
+
+@triton.jit
+def _act_mul_kernel(g_ptr, u_ptr, y_ptr, K, stride_gm, stride_um, BLOCK_K: tl.constexpr, ACT: tl.constexpr,
+                    PDL: tl.constexpr):
     if PDL:
         wait_then_release()
     row = tl.program_id(0).to(tl.int64)
@@ -78,11 +93,11 @@ def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, K, stride_gm, stride_um, BLOCK_K: tl.c
     mask = col < K
     g = tl.load(g_ptr + row * stride_gm + col, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + row * stride_um + col, mask=mask, other=0.0).to(tl.float32)
-    act = (g / (1.0 + tl.exp(-g))).to(y_ptr.dtype.element_ty).to(tl.float32)
+    act = activation(g, ACT).to(y_ptr.dtype.element_ty).to(tl.float32)
     tl.store(y_ptr + row * K + col, (act * u).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-_silu_launch = FastLaunch(_silu_mul_kernel)
+_act_launch = FastLaunch(_act_mul_kernel)
 
 
 def silu_mul_supported(gate: torch.Tensor, up: torch.Tensor) -> bool:
@@ -91,12 +106,18 @@ def silu_mul_supported(gate: torch.Tensor, up: torch.Tensor) -> bool:
             and gate.stride(1) == 1 and up.stride(1) == 1)
 
 
-def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up for rows `silu_mul_supported` accepts, contiguous."""
+def act_mul(gate: torch.Tensor, up: torch.Tensor, act: str = "silu") -> torch.Tensor:
+    """act(gate) * up (an activation of ACTIVATIONS) for rows `silu_mul_supported` accepts,
+    contiguous; act(gate) rounded to gate's dtype before the product, as the models round."""
     m, k = gate.shape
     y = torch.empty((m, k), dtype=gate.dtype, device=gate.device)
     if m and k:
         block = min(1024, next_power_of_2(k))
-        _silu_launch((m, cdiv(k, block), 1), (gate, up, y, k, gate.stride(0), up.stride(0)),
-                     {"BLOCK_K": block, "PDL": pdl.enabled(gate.device)}, num_warps=4)
+        _act_launch((m, cdiv(k, block), 1), (gate, up, y, k, gate.stride(0), up.stride(0)),
+                    {"BLOCK_K": block, "ACT": ACTIVATIONS.index(act), "PDL": pdl.enabled(gate.device)}, num_warps=4)
     return y
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for rows `silu_mul_supported` accepts, contiguous."""
+    return act_mul(gate, up, "silu")

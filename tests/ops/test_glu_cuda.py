@@ -50,7 +50,8 @@ def test_one_row_is_one_launch_and_more_rows_one_activation_kernel():
     one = _kernels(lambda: glu_linear.op()(torch.ones(1, 2048, device="cuda", dtype=BF16), gate_w, up_w, "silu"))
     assert len(one) == 1 and "gate_up_glu" in one[0], one
     # four rows: the library GEMM over the merged halves (one, or a split-K pair), then one
-    # SiLU-and-mul kernel, and no PyTorch elementwise kernel
-    four = _kernels(lambda: glu_linear.op()(torch.ones(4, 2048, device="cuda", dtype=BF16), gate_w, up_w, "silu"))
-    assert sum("silu_mul" in k for k in four) == 1 and len(four) <= 3, four
-    assert not any("elementwise" in k.lower() for k in four), four
+    # activation-and-mul kernel, and no PyTorch elementwise kernel
+    for act in ("silu", "gelu_tanh"):
+        four = _kernels(lambda: glu_linear.op()(torch.ones(4, 2048, device="cuda", dtype=BF16), gate_w, up_w, act))
+        assert sum("act_mul" in k for k in four) == 1 and len(four) <= 3, four
+        assert not any("elementwise" in k.lower() for k in four), four

@@ -15,7 +15,7 @@ from triton.compiler import ASTSource
 from atom_compile.ops.triton_attention_kernels import _attention_kernel, _write_kv_kernel  # noqa: F401
 from atom_compile.ops.triton_glu import _gate_up_glu_kernel
 from atom_compile.ops.triton_linear import _small_m_linear_kernel
-from atom_compile.ops.triton_rowwise import _add_rms_norm_kernel, _silu_mul_kernel
+from atom_compile.ops.triton_rowwise import _act_mul_kernel, _add_rms_norm_kernel
 from atom_compile.ops.triton_splitk import _split_k_kernel
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -73,7 +73,7 @@ VARIANTS = [
      dict(GROUP=4, G_PAD=16, BLOCK_SIZE=16, BLOCK_N=64, HEAD_DIM=64, D_PAD=64, S_PAD=32, IEEE=False,
           WRITE_KV=True, PDL=True, PREFETCH=True), 4),
     ("add-rms-norm", _add_rms_norm_kernel, dict(ADD=True, BLOCK_K=2048, PDL=True), 4),
-    ("silu-mul", _silu_mul_kernel, dict(BLOCK_K=1024, PDL=True), 4),
+    ("silu-mul", _act_mul_kernel, dict(BLOCK_K=1024, ACT=0, PDL=True), 4),
     ("gate_up gemv with the gelu-mul epilogue", _gate_up_glu_kernel, dict(BLOCK_N=1, BLOCK_K=2048, ACT=1, PDL=True), 2),
     ("split-k", _split_k_kernel, dict(HAS_BIAS=True, BLOCK_N=16, BLOCK_K=256, SPLIT=4, PDL=True, PREFETCH=False), 4),
     ("split-k+prefetch", _split_k_kernel,

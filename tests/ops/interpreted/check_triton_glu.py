@@ -72,6 +72,21 @@ def test_a_strided_row(glu):
     torch.testing.assert_close(glu.gate_up_glu(x, wg, wu, "silu"), want, atol=2e-3, rtol=4e-3)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_rows_above_one_take_the_activation_and_mul_kernel(dtype):
+    from atom_compile.ops import triton_rowwise
+    from atom_compile.ops.glu_linear import activate
+
+    g = torch.Generator().manual_seed(6)
+    rows = (torch.randn(3, 2 * 300, generator=g) * 3).to(dtype)
+    gate, up = rows[:, :300], rows[:, 300:]  # views of the merged projection's rows
+    for act in ("silu", "gelu_tanh"):
+        want = activate(gate, act) * up
+        # bf16 through the interpreter truncates (see above): a step at each of two roundings
+        tol = dict(atol=1e-3, rtol=1e-3) if dtype == torch.float16 else dict(atol=1e-6, rtol=2 ** -6)
+        torch.testing.assert_close(triton_rowwise.act_mul(gate, up, act), want, **tol, msg=act)
+
+
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
 def test_gates_far_out_in_both_tails(glu, activation):
     # |gate| up to ~60: exp overflows to inf on one side, the activation must not be nan
