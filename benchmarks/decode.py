@@ -298,6 +298,8 @@ def _goals(results: dict, batches: list[int], llama) -> None:
         full, hybrid = f"atom-full{suffix}", f"atom-tr_hybrid{suffix}"
         print(f"\n{full} / floor: " + ", ".join(f"bs{b} {arms[full][b] / floors[b]:.2f}" for b in batches)
               + " (goal <= 1.3 at bs 1, <= 1.5 at bs 8)")
+        if suffix and "atom-full" in arms:  # a switch's A/B against the defaults, in one process
+            print(f"{full} / atom-full: {_ratio(arms, full, 'atom-full', batches)}")
         for peer in ("peer", "reduce-overhead", "max-autotune"):
             if peer in arms:
                 print(f"{full} / {peer}: {_ratio(arms, full, peer, batches)} (goal < 1.0)")
