@@ -22,7 +22,7 @@ from .linear import small_m_linear
 from .triton_present import triton_available
 
 OP_NAME = "gate_up_glu"
-ACTIVATIONS = ("silu", "gelu_tanh")  # ops/triton_rowwise.py ACTIVATIONS, kept here so CPU code needs no Triton
+ACTIVATIONS = ("silu", "gelu_tanh")  # the kernels' ACT is an index into these (ops/triton_rowwise.py)
 NAMESPACE = "atom"
 
 

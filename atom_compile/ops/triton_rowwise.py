@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from . import pdl
+from .glu_linear import ACTIVATIONS  # a kernel's ACT: an index into these
 from .pdl import wait_then_release
 from .triton_launch import FastLaunch, cdiv, next_power_of_2
 
@@ -69,7 +70,6 @@ def add_rms_norm(x: torch.Tensor, residual: Optional[torch.Tensor], norm_weight:
     return y, h
 
 
-ACTIVATIONS = ("silu", "gelu_tanh")  # a kernel's ACT: an index into these
 
 
 @triton.jit
