@@ -77,6 +77,11 @@ class CompilationConfig:
     # Off until measured on a GPU (benchmarks/decode.py -glu arms); needs small_m_linear_pass.
     # Keyed when on.
     glu_pass: bool = False
+    # The built-in post-grad pass (backends/rope_pass.py) that puts the rotary embedding of the
+    # query and key (neox RoPE, recognised by what it computes) into the epilogue of their qkv
+    # projection: one launch at one token, no RoPE kernels. Off until measured on a GPU
+    # (benchmarks/decode.py -rope arms); needs small_m_linear_pass. Keyed when on.
+    rope_pass: bool = False
     inductor_compile_config: dict = field(default_factory=dict)
     debug_dump_path: str = ""
     cache_dir: str = ""
@@ -98,9 +103,9 @@ class CompilationConfig:
         self.level = CompilationLevel.parse(self.level, "CompilationConfig.level")
         for name in ("use_cudagraph", "cudagraph_copy_inputs", "use_inductor", "require_cache",
                      "use_inductor_graph_partition", "trace_layers_once", "residual_add_pass",
-                     "small_m_linear_pass", "prologue_pass", "glu_pass"):
+                     "small_m_linear_pass", "prologue_pass", "glu_pass", "rope_pass"):
             setattr(self, name, _check_bool(f"CompilationConfig.{name}", getattr(self, name)))
-        for name in ("prologue_pass", "glu_pass"):
+        for name in ("prologue_pass", "glu_pass", "rope_pass"):
             if getattr(self, name) and not self.small_m_linear_pass:
                 raise ConfigError(f"CompilationConfig.{name}", True,
                                   "True only with small_m_linear_pass (it fuses into that pass's calls)")
@@ -203,7 +208,7 @@ class CompilationConfig:
         for name in ("residual_add_pass", "small_m_linear_pass"):  # keyed when off (on is the default)
             if not getattr(self, name):
                 factors[name] = False
-        for name in ("prologue_pass", "glu_pass"):  # keyed when on (off is the default)
+        for name in ("prologue_pass", "glu_pass", "rope_pass"):  # keyed when on (off is the default)
             if getattr(self, name):
                 factors[name] = True
         return factors

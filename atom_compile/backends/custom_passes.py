@@ -18,12 +18,13 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from ..config import DEFAULT_SPLITTING_OPS, CompilationConfig
 # the ops the built-in passes put into pieces, registered before any saved piece that calls
 # them is loaded (a warm start of a model that imports neither)
-from ..ops import glu_linear, linear, prologue_linear  # noqa: F401
+from ..ops import glu_linear, linear, prologue_linear, rope_linear  # noqa: F401
 from ..passes import pass_factors, resolve_pass
 from . import graph_partition
 from .residual_add import ResidualAddPass
 from .glu_pass import GluPass
 from .prologue_pass import ProloguePass
+from .rope_pass import RopePass
 from .small_m_pass import SmallMLinearPass
 
 POST_PASS_KEY = "post_grad_custom_post_pass"
@@ -57,8 +58,8 @@ class PostGradPasses(CustomGraphPass):
 
 def compiler_config(cc: CompilationConfig) -> dict[str, Any]:
     """The Inductor options a piece compiles with: inductor_compile_config, the passes (the
-    built-in ones first, those that are on: residual add, small-M linear, the GLU epilogue,
-    prologues: an MLP's activation goes into gate_up rather than into down), Inductor
+    built-in ones first, those that are on: residual add, small-M linear, the GLU and RoPE
+    epilogues, prologues: an MLP's activation goes into gate_up rather than into down), Inductor
     graph partition's (when use_inductor_graph_partition is on) and PDL on where Inductor has
     it (inductor_compile_config={"triton.enable_pdl": False} keeps it off)."""
     out = dict(cc.inductor_compile_config)
@@ -70,7 +71,8 @@ def compiler_config(cc: CompilationConfig) -> dict[str, Any]:
         out[PDL_OPTION] = True
     passes = ([ResidualAddPass()] if cc.residual_add_pass else []) \
         + ([SmallMLinearPass()] if cc.small_m_linear_pass else []) \
-        + ([GluPass()] if cc.glu_pass else []) + ([ProloguePass()] if cc.prologue_pass else []) \
+        + ([GluPass()] if cc.glu_pass else []) + ([RopePass()] if cc.rope_pass else []) \
+        + ([ProloguePass()] if cc.prologue_pass else []) \
         + list(cc.inductor_passes)
     if passes:
         out[POST_PASS_KEY] = PostGradPasses(passes)

@@ -51,6 +51,7 @@ CONFIG_FIELDS = {
     "small_m_linear_pass": (False, True),
     "prologue_pass": (True, True),
     "glu_pass": (True, True),
+    "rope_pass": (True, True),
 }
 def _noop_pass(graph) -> None:
     """An Inductor post-grad pass that changes nothing: its source still enters the key."""
