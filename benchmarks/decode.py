@@ -5,6 +5,7 @@ mode="max-autotune" of the same model; atom-compile level 3 with cudagraph_mode 
 TR_HYBRID, each also as `-sizes` (compile_sizes = the batches <= 8: per-size pieces) and as
 `-fused` (prologue_pass: each RMSNorm in the prologue of the projection after it) and as
 `-glu` (glu_pass: each MLP's SiLU-and-mul in the epilogue of its gate_up GEMV) and as
+`-rope` (rope_pass: the query's and key's RoPE in the epilogue of their qkv GEMV) and as
 `-combo` (Inductor's combo_kernels: independent pointwise kernels of a piece, RoPE's q and k,
 launched as one) and as
 `-prefetch` (ATOM_COMPILE_PREFETCH=1: graphs recorded with the GEMV reading its weight and
@@ -131,6 +132,8 @@ def run_arm(name: str, batches: list[int], context: int, steps: int, block: int)
             cc["prologue_pass"] = True  # the norms into the projections' prologues
         if "-glu" in name:
             cc["glu_pass"] = True  # SiLU-and-mul into the gate_up GEMV's epilogue
+        if "-rope" in name:
+            cc["rope_pass"] = True  # the query's and key's RoPE into the qkv GEMV's epilogue
         if "-combo" in name:  # horizontal fusion of a piece's independent kernels
             import torch._inductor.config as inductor_config
 

@@ -18,8 +18,8 @@ pytest.importorskip("triton")
 HERE = Path(__file__).parent / "interpreted"
 
 
-@pytest.mark.parametrize("module", ["check_triton_attention.py", "check_triton_glu.py", "check_triton_linear.py", "check_triton_prologues.py",
-                                    "check_triton_splitk.py"])
+@pytest.mark.parametrize("module", ["check_triton_attention.py", "check_triton_glu.py", "check_triton_linear.py",
+                                    "check_triton_prologues.py", "check_triton_rope.py", "check_triton_splitk.py"])
 def test_kernel_matches_reference_in_the_interpreter(module):
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(HERE / module)],

@@ -183,6 +183,18 @@ def test_silu_mul_fused_into_gate_up_decodes_as_eager(baselines, tmp_path):
     assert info["replayed"] > 0
 
 
+def test_rope_fused_into_qkv_decodes_as_eager(baselines, tmp_path):
+    """rope_pass: every layer's query and key RoPE is the epilogue of its qkv projection
+    (atom::qkv_rope_linear), under FULL graphs: the logits as the unfused level 3's."""
+    expect = baselines[1][3]
+    engine, info = _run(CUDAGraphMode.FULL, 3, tmp_path, forced=expect.trace, rope_pass=True)
+    for i, ((_, logits), (_, want_logits)) in enumerate(zip(engine.trace, expect.trace)):
+        torch.testing.assert_close(logits, want_logits, atol=3e-2, rtol=3e-2, msg=lambda m: f"step {i}: {m}")
+    code = "\n".join(p.read_text() for p in tmp_path.rglob("*.py") if "def call(" in p.read_text())
+    assert code.count("torch.ops.atom.qkv_rope_linear") >= LLAMA.num_layers
+    assert info["replayed"] > 0
+
+
 def test_level3_matches_level0_within_bf16_tolerance(baselines):
     _, base = baselines
     for (_, a), (_, b) in zip(base[0].trace[:1], base[3].trace[:1]):  # same inputs only on the first step

@@ -15,6 +15,7 @@ from triton.compiler import ASTSource
 from atom_compile.ops.triton_attention_kernels import _attention_kernel, _write_kv_kernel  # noqa: F401
 from atom_compile.ops.triton_glu import _gate_up_glu_kernel
 from atom_compile.ops.triton_linear import _small_m_linear_kernel
+from atom_compile.ops.triton_rope import _qkv_rope_kernel, _rope_rows_kernel
 from atom_compile.ops.triton_rowwise import _act_mul_kernel, _add_rms_norm_kernel
 from atom_compile.ops.triton_splitk import _split_k_kernel
 
@@ -26,7 +27,7 @@ FLOATS = {"eps", "scale"}
 def _type(name: str) -> str:
     if name in INT_POINTERS:
         return "*i32"
-    if name in ("acc_ptr", "part_ptr"):
+    if name in ("acc_ptr", "part_ptr", "cos_ptr", "sin_ptr"):
         return "*fp32"
     if name.endswith("_ptr"):
         return "*bf16"
@@ -75,6 +76,8 @@ VARIANTS = [
     ("add-rms-norm", _add_rms_norm_kernel, dict(ADD=True, BLOCK_K=2048, PDL=True), 4),
     ("silu-mul", _act_mul_kernel, dict(BLOCK_K=1024, ACT=0, PDL=True), 4),
     ("gate_up gemv with the gelu-mul epilogue", _gate_up_glu_kernel, dict(BLOCK_N=1, BLOCK_K=2048, ACT=1, PDL=True), 2),
+    ("qkv gemv with the rope epilogue", _qkv_rope_kernel, dict(HALF=32, BLOCK_P=1, BLOCK_K=2048, PDL=True), 2),
+    ("rope rows", _rope_rows_kernel, dict(HALF=32, BLOCK_P=256, PDL=True), 4),
     ("split-k", _split_k_kernel, dict(HAS_BIAS=True, BLOCK_N=16, BLOCK_K=256, SPLIT=4, PDL=True, PREFETCH=False), 4),
     ("split-k+prefetch", _split_k_kernel,
      dict(HAS_BIAS=False, BLOCK_N=32, BLOCK_K=128, SPLIT=8, PDL=True, PREFETCH=True), 4),
