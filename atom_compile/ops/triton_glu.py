@@ -23,6 +23,24 @@ from .triton_linear import gemv_config
 
 
 @triton.jit
+def two_row_blocks(x_ptr, a_ptrs, b_ptrs, mask, K, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr):
+    # the row x against two blocks of BLOCK weight rows (pointers at column 0, unit column
+    # stride), along K; float32 sums (the RoPE GEMV's column pairs share it)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc_a = tl.zeros([BLOCK], tl.float32)
+    acc_b = tl.zeros([BLOCK], tl.float32)
+    for k in range(0, K, BLOCK_K):
+        k_mask = (k + offs_k) < K
+        x = tl.load(x_ptr + k + offs_k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
+        both = mask[:, None] & k_mask[None, :]
+        acc_a += tl.sum(tl.load(a_ptrs, mask=both, other=0.0).to(tl.float32) * x, axis=1)
+        acc_b += tl.sum(tl.load(b_ptrs, mask=both, other=0.0).to(tl.float32) * x, axis=1)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    return acc_a, acc_b
+
+
+@triton.jit
 def _gate_up_glu_kernel(x_ptr, wg_ptr, wu_ptr, y_ptr, N, K, stride_gn, stride_un,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACT: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
@@ -34,16 +52,7 @@ def _gate_up_glu_kernel(x_ptr, wg_ptr, wu_ptr, y_ptr, N, K, stride_gn, stride_un
     u_ptrs = wu_ptr + rows * stride_un + offs_k[None, :]
     if PDL:  # launched early (ops/pdl.py): read nothing before the kernel before has finished
         wait_then_release()
-    acc_g = tl.zeros([BLOCK_N], tl.float32)
-    acc_u = tl.zeros([BLOCK_N], tl.float32)
-    for k in range(0, K, BLOCK_K):
-        k_mask = (k + offs_k) < K
-        x = tl.load(x_ptr + k + offs_k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
-        mask = n_mask[:, None] & k_mask[None, :]
-        acc_g += tl.sum(tl.load(g_ptrs, mask=mask, other=0.0).to(tl.float32) * x, axis=1)
-        acc_u += tl.sum(tl.load(u_ptrs, mask=mask, other=0.0).to(tl.float32) * x, axis=1)
-        g_ptrs += BLOCK_K
-        u_ptrs += BLOCK_K
+    acc_g, acc_u = two_row_blocks(x_ptr, g_ptrs, u_ptrs, n_mask, K, BLOCK_N, BLOCK_K)
     # rounded where the model's ops round: each projection's output, act(gate), the product
     dtype = y_ptr.dtype.element_ty
     act = activation(acc_g.to(dtype).to(tl.float32), ACT).to(dtype).to(tl.float32)

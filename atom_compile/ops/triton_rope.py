@@ -16,6 +16,7 @@ import triton.language as tl
 
 from . import pdl
 from .pdl import wait_then_release
+from .triton_glu import two_row_blocks
 from .triton_launch import FastLaunch, cdiv, next_power_of_2
 from .triton_linear import gemv_config
 
@@ -48,16 +49,7 @@ def _qkv_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, PAIRS, K, stride_wn,
     b_ptrs = w_ptr + second.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
     if PDL:  # launched early (ops/pdl.py): read nothing before the kernel before has finished
         wait_then_release()
-    acc_a = tl.zeros([BLOCK_P], tl.float32)
-    acc_b = tl.zeros([BLOCK_P], tl.float32)
-    for k in range(0, K, BLOCK_K):
-        k_mask = (k + offs_k) < K
-        x = tl.load(x_ptr + k + offs_k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
-        both = mask[:, None] & k_mask[None, :]
-        acc_a += tl.sum(tl.load(a_ptrs, mask=both, other=0.0).to(tl.float32) * x, axis=1)
-        acc_b += tl.sum(tl.load(b_ptrs, mask=both, other=0.0).to(tl.float32) * x, axis=1)
-        a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K
+    acc_a, acc_b = two_row_blocks(x_ptr, a_ptrs, b_ptrs, mask, K, BLOCK_P, BLOCK_K)
     dtype = y_ptr.dtype.element_ty
     a, b = _rotated(acc_a.to(dtype).to(tl.float32), acc_b.to(dtype).to(tl.float32), cos_ptr, sin_ptr,
                     first, pairs, mask, rotated, HALF)

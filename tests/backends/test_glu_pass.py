@@ -265,28 +265,8 @@ def cpu_small_m_and_glu(graph) -> None:
 def test_the_builtin_llama_at_level_3_saves_the_op_and_a_restart_compiles_nothing(tmp_path):
     """The op with its activation argument in pieces the cache saves: a second start loads them
     (no compile) and gives the first start's logits; both near the eager model's."""
-    from atom_compile import CompilationConfig, Config, compilation_counter
-    from support.llama_helpers import Stepper, tiny
+    from support.pass_checks import level3_round_trip
 
-    def build():
-        cc = CompilationConfig(level=3, cache_dir=str(tmp_path), small_m_linear_pass=False,
-                               inductor_passes=["tests.backends.test_glu_pass:cpu_small_m_and_glu"])
-        return tiny(1, compilation_config=Config(compilation_config=cc), dtype=BF16)
-
-    stepper = Stepper()
-    torch._dynamo.reset()
-    model, reference = build(), tiny(1, dtype=BF16)
-    stepper.allocate(model, reference)
-    steps = stepper.prefill([1, 1])  # one token a sequence: decode's rows
-    before = compilation_counter.clone()
-    first = stepper.logits(model, steps)
-    assert compilation_counter.num_inductor_compiles > before.num_inductor_compiles
-    code = "\n".join(p.read_text() for p in tmp_path.rglob("*.py") if "def call(" in p.read_text())
-    assert code.count("torch.ops.atom.gate_up_glu") >= 1
-    torch.testing.assert_close(first, stepper.logits(reference, steps), atol=5e-2, rtol=5e-2)
-    torch._dynamo.reset()
-    warm = build()
-    stepper.allocate(warm)
-    with compilation_counter.expect(num_inductor_compiles=0):
-        again = stepper.logits(warm, steps)
-    assert torch.equal(again, first)
+    # one token a sequence: decode's rows
+    level3_round_trip(tmp_path, "tests.backends.test_glu_pass:cpu_small_m_and_glu", "torch.ops.atom.gate_up_glu",
+                      [1, 1])

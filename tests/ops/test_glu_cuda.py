@@ -13,6 +13,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from atom_compile.ops import glu_linear  # noqa: E402
+from support.pass_checks import cuda_kernels  # noqa: E402
 
 BF16 = torch.bfloat16
 
@@ -37,21 +38,13 @@ def test_the_op_matches_the_model(m, n, k, layout, activation):
     torch.testing.assert_close(glu_linear.op()(x, gate_w, up_w, activation), want, atol=3e-2, rtol=3e-2)
 
 
-def _kernels(call) -> list[str]:
-    call()  # compiled, tuned
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        call()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-
-
 def test_one_row_is_one_launch_and_more_rows_one_activation_kernel():
     gate_w, up_w = _weights(8192, 2048, "merged", seed=0)
-    one = _kernels(lambda: glu_linear.op()(torch.ones(1, 2048, device="cuda", dtype=BF16), gate_w, up_w, "silu"))
+    one = cuda_kernels(lambda: glu_linear.op()(torch.ones(1, 2048, device="cuda", dtype=BF16), gate_w, up_w, "silu"))
     assert len(one) == 1 and "gate_up_glu" in one[0], one
     # four rows: the library GEMM over the merged halves (one, or a split-K pair), then one
     # activation-and-mul kernel, and no PyTorch elementwise kernel
     for act in ("silu", "gelu_tanh"):
-        four = _kernels(lambda: glu_linear.op()(torch.ones(4, 2048, device="cuda", dtype=BF16), gate_w, up_w, act))
+        four = cuda_kernels(lambda: glu_linear.op()(torch.ones(4, 2048, device="cuda", dtype=BF16), gate_w, up_w, act))
         assert sum("act_mul" in k for k in four) == 1 and len(four) <= 3, four
         assert not any("elementwise" in k.lower() for k in four), four

@@ -14,6 +14,7 @@ pytest.importorskip("triton")
 
 from atom_compile.models.llama import _rotate  # noqa: E402
 from atom_compile.ops import rope_linear  # noqa: E402
+from support.pass_checks import cuda_kernels  # noqa: E402
 
 BF16 = torch.bfloat16
 
@@ -45,17 +46,9 @@ def test_the_op_matches_the_model(m, heads, kv_heads, head_dim, k):
     torch.testing.assert_close(got, _want(x, w, cos, sin, heads, kv_heads, head_dim), atol=3e-2, rtol=3e-2)
 
 
-def _kernels(call) -> list[str]:
-    call()  # compiled, tuned
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        call()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-
-
 def test_one_row_is_one_launch_and_more_rows_one_rotation_kernel():
     for m, most in ((1, 1), (4, 3)):  # four rows: the GEMM (or a split-K pair), then the rotation
         x, w, cos, sin = _case(m, 32, 8, 64, 2048)
-        names = _kernels(lambda: rope_linear.op()(x, w, cos, sin, 40 * 64, 64))
+        names = cuda_kernels(lambda: rope_linear.op()(x, w, cos, sin, 40 * 64, 64))
         assert len(names) <= most and sum("rope" in k for k in names) == 1, names
         assert not any("elementwise" in k.lower() or "cat" in k.lower() for k in names), names
