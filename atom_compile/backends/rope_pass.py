@@ -322,8 +322,8 @@ def _rewrite(graph: fx.Graph, linear: fx.Node, roped: list, others: list, rotate
     order = {n: i for i, n in enumerate(graph.nodes)}
     with graph.inserting_before(min((m["out"] for _, m in roped), key=order.__getitem__)):
         cos, sin = (_angle_rows(graph, match[k], head_dim // 2) for k in ("cos", "sin"))
-        x, weight = linear.args[0], linear.args[1]
-        call = _node(graph, op(), (x, weight, cos, sin, rotated, head_dim), _val(linear).new_empty(_val(linear).shape))
+        x, weight, bias = linear.args
+        call = _node(graph, op(), (x, weight, bias, cos, sin, rotated, head_dim), _val(linear).new_empty(_val(linear).shape))
         for (piece, first, width), m in roped + [(p, None) for p in others]:
             view = _node(graph, aten.slice.Tensor, (call, 1, first, first + width), _val(piece))
             if m is None:
@@ -343,7 +343,7 @@ def fuse_rope(graph: fx.Graph) -> int:
     rewritten = 0
     for linear in [n for n in graph.nodes if _call(n, op())]:
         val = _val(linear)
-        if len(linear.args) != 3 or linear.args[2] is not None or val is None or val.dim() != 2 \
+        if len(linear.args) != 3 or val is None or val.dim() != 2 \
                 or val.dtype not in _HALF:
             continue
         plan = _plan(linear)

@@ -5,8 +5,9 @@ cuBLAS's GEMM tiles leave much of the bandwidth unused there (1.4-2.4 TB/s on an
 8-34 MB projections of a 1B model), the Triton GEMV of ops/triton_linear.py reaches 1.2-1.35x
 that. The op decides per call, so one piece serves every size: one row (and, for a vocabulary-
 wide layer, up to MAX_M rows) takes the Triton kernel, every other call is `F.linear`, the same
-cuBLAS call Inductor would have made. Only `mm(x, W.T)` with `W` a 2-D half-precision CUDA
-input of the piece (a parameter) is rewritten; any other matmul keeps Inductor's lowering.
+cuBLAS call Inductor would have made. Only `mm(x, W.T)` and `addmm(bias, x, W.T)` (a [N]
+bias: Qwen2's qkv) with `W` a 2-D half-precision CUDA input of the piece (a parameter) are
+rewritten; any other matmul keeps Inductor's lowering.
 """
 
 from __future__ import annotations
@@ -41,22 +42,45 @@ def _x_fits(x: object, weight: fx.Node) -> bool:
     return isinstance(val, torch.Tensor) and val.dim() == 2 and val.dtype == weight.meta["val"].dtype
 
 
+def _bias_fits(bias: object, weight: fx.Node) -> bool:
+    """A [N] bias of the weight's dtype and rows with unit stride (Qwen2's qkv), as the op takes."""
+    val, w = (bias.meta.get("val") if isinstance(bias, fx.Node) else None), weight.meta["val"]
+    return isinstance(val, torch.Tensor) and val.dim() == 1 and val.shape[0] == w.shape[0] \
+        and val.dtype == w.dtype and val.stride(0) == 1
+
+
+def _projection(node: fx.Node, devices: tuple) -> Optional[tuple]:
+    """(x, W, bias or None) where `node` is `mm(x, W.T)` or `addmm(bias, x, W.T)` (alpha and
+    beta 1, a [N] bias) of a piece's parameter `W` on one of `devices`; else None."""
+    if node.op != "call_function" or node.kwargs:
+        return None
+    if node.target is aten.mm.default and len(node.args) == 2:
+        bias, (x, wt) = None, node.args
+    elif node.target is aten.addmm.default and len(node.args) == 3:
+        bias, x, wt = node.args
+    else:
+        return None
+    weight = _transposed_weight(wt, devices)
+    if weight is None or not _x_fits(x, weight) or (bias is not None and not _bias_fits(bias, weight)):
+        return None
+    return x, weight, bias
+
+
 def use_small_m_linear(graph: fx.Graph, devices: tuple = ("cuda",)) -> int:
-    """Rewrite each `mm(x, W.T)` of a piece's parameter `W` (on one of `devices`: tests take the
-    op's F.linear path on CPU) as `atom::small_m_linear(x, W, None)`; the number rewritten."""
+    """Rewrite each `mm(x, W.T)` or `addmm(bias, x, W.T)` of a piece's parameter `W` (on one of
+    `devices`: tests take the op's F.linear path on CPU) as `atom::small_m_linear(x, W, bias)`;
+    the number rewritten."""
     from ..ops.linear import op
 
     target = op()
     rewritten = 0
     for node in list(graph.nodes):
-        if node.op != "call_function" or node.target is not aten.mm.default or len(node.args) != 2:
+        found = _projection(node, devices)
+        if found is None:
             continue
-        x, wt = node.args
-        weight = _transposed_weight(wt, devices)
-        if weight is None or not _x_fits(x, weight):
-            continue
+        wt = node.args[-1]
         with graph.inserting_before(node):
-            call = graph.call_function(target, (x, weight, None))
+            call = graph.call_function(target, found)
         call.meta.update(node.meta)  # same shape, dtype and (contiguous) layout as the mm's
         node.replace_all_uses_with(call)
         graph.erase_node(node)

@@ -1,7 +1,7 @@
 """`atom::qkv_rope_linear`: a qkv projection with rotary embeddings (RoPE, neox style) applied to
 its query and key columns.
 
-y = x @ weight.T, then each head of head_dim among y's first `rotated` columns (the query's and
+y = x @ weight.T (+ bias), then each head of head_dim among y's first `rotated` columns (the query's and
 the key's heads; the value's come after them) has its pairs (j, j + head_dim / 2) rotated by
 the angle whose cos and sin are cos[t, j] and sin[t, j]:
     y[j] * cos - y[j + half] * sin,  y[j + half] * cos + y[j] * sin
@@ -13,6 +13,8 @@ PyTorch itself.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 
@@ -46,26 +48,26 @@ def _check(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.
                              f"{(rows, head_dim // 2)}")
 
 
-def qkv_rope_linear(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotated: int,
-                    head_dim: int) -> torch.Tensor:
+def qkv_rope_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], cos: torch.Tensor,
+                    sin: torch.Tensor, rotated: int, head_dim: int) -> torch.Tensor:
     _check(x, weight, cos, sin, rotated, head_dim)
     flat = x.reshape(-1, x.shape[-1])
     shape = (*x.shape[:-1], weight.shape[0])
     if x.is_cuda and triton_available():
         from . import triton_rope
 
-        if triton_rope.supported(flat, weight, cos, sin, head_dim):
-            return triton_rope.qkv_rope(flat, weight, cos, sin, rotated, head_dim).reshape(shape)
-        y = small_m_linear(flat, weight, None)
+        if triton_rope.supported(flat, weight, bias, cos, sin, head_dim):
+            return triton_rope.qkv_rope(flat, weight, bias, cos, sin, rotated, head_dim).reshape(shape)
+        y = small_m_linear(flat, weight, bias)
         if rotated and triton_rope.rows_supported(y, cos, sin, rotated, head_dim):
             return triton_rope.rope_rows(y, cos, sin, rotated, head_dim).reshape(shape)
     else:
-        y = small_m_linear(flat, weight, None)
+        y = small_m_linear(flat, weight, bias)
     return rotate(y, cos, sin, rotated, head_dim).reshape(shape)
 
 
-def _fake(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotated: int,
-          head_dim: int) -> torch.Tensor:
+def _fake(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
+          rotated: int, head_dim: int) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 

@@ -10,6 +10,8 @@ projection as it was and one row-wise rotation kernel in place (`rope_rows`).
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
@@ -39,8 +41,9 @@ def _rotated(a, b, cos_ptr, sin_ptr, first, pairs, mask, rotated, HALF: tl.const
 
 
 @triton.jit
-def _qkv_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, PAIRS, K, stride_wn, rotated,
-                     HALF: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+def _qkv_rope_kernel(x_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, y_ptr, PAIRS, K, stride_wn, rotated,
+                     HAS_BIAS: tl.constexpr, HALF: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
+                     PDL: tl.constexpr):
     pairs = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     mask = pairs < PAIRS
     first, second = _pair_rows(pairs, HALF)
@@ -50,6 +53,9 @@ def _qkv_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, PAIRS, K, stride_wn,
     if PDL:  # launched early (ops/pdl.py): read nothing before the kernel before has finished
         wait_then_release()
     acc_a, acc_b = two_row_blocks(x_ptr, a_ptrs, b_ptrs, mask, K, BLOCK_P, BLOCK_K)
+    if HAS_BIAS:  # added before the projection's rounding, as F.linear adds it (Qwen2's qkv)
+        acc_a += tl.load(b_ptr + first, mask=mask, other=0.0).to(tl.float32)
+        acc_b += tl.load(b_ptr + second, mask=mask, other=0.0).to(tl.float32)
     dtype = y_ptr.dtype.element_ty
     a, b = _rotated(acc_a.to(dtype).to(tl.float32), acc_b.to(dtype).to(tl.float32), cos_ptr, sin_ptr,
                     first, pairs, mask, rotated, HALF)
@@ -86,10 +92,15 @@ def rope_config(k: int) -> tuple[int, int, int]:
     return max(1, block_n // 2), block_k, warps
 
 
-def supported(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int) -> bool:
+def supported(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], cos: torch.Tensor,
+              sin: torch.Tensor, head_dim: int) -> bool:
     """One contiguous half-precision CUDA row, a row-major weight of its dtype whose rows are
-    whole heads, and one row of cos and of sin with head_dim / 2 contiguous values."""
+    whole heads (and a contiguous bias of them), one row of cos and of sin with head_dim / 2
+    contiguous values."""
     half = head_dim // 2
+    if bias is not None and (bias.shape != (weight.shape[0],) or bias.stride(0) != 1 or bias.dtype != x.dtype
+                             or bias.device != x.device):
+        return False
     return (x.dim() == 2 and x.shape[0] == 1 and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)
             and x.stride(1) == 1 and weight.dim() == 2 and weight.dtype == x.dtype and weight.shape[1] == x.shape[1]
             and weight.stride(1) == 1 and weight.device == x.device and head_dim % 2 == 0
@@ -98,16 +109,17 @@ def supported(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: tor
                     and t.dtype.is_floating_point for t in (cos, sin)))
 
 
-def qkv_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotated: int,
-             head_dim: int, config: tuple[int, int, int] | None = None) -> torch.Tensor:
-    """x @ weight.T with the pairs of its first `rotated` columns rotated (neox RoPE per head of
+def qkv_rope(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], cos: torch.Tensor,
+             sin: torch.Tensor, rotated: int, head_dim: int, config: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """x @ weight.T (+ bias) with the pairs of its first `rotated` columns rotated (neox RoPE per head of
     head_dim) by cos and sin, for a row `supported` accepts, in one launch."""
     n, k = weight.shape
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     block_p, block_k, warps = config or rope_config(k)
     pairs = n // 2
-    _gemv((cdiv(pairs, block_p), 1, 1), (x, weight, cos, sin, out, pairs, k, weight.stride(0), rotated),
-          {"HALF": head_dim // 2, "BLOCK_P": block_p, "BLOCK_K": block_k, "PDL": pdl.enabled(x.device)},
+    _gemv((cdiv(pairs, block_p), 1, 1),
+          (x, weight, weight if bias is None else bias, cos, sin, out, pairs, k, weight.stride(0), rotated),
+          {"HAS_BIAS": bias is not None, "HALF": head_dim // 2, "BLOCK_P": block_p, "BLOCK_K": block_k, "PDL": pdl.enabled(x.device)},
           num_warps=warps)
     return out
 

@@ -63,13 +63,13 @@ def _partial(x, cos, sin):  # a rotary dim of half the head: left alone
 class Attention(torch.nn.Module):
     """qkv, RoPE on q and k (a table gathered at the positions), then what reads them."""
 
-    def __init__(self, rope, table="chunk"):
+    def __init__(self, rope, bias=False):
         super().__init__()
         torch.manual_seed(0)
-        self.qkv = torch.nn.Linear(HIDDEN, Q + 2 * KV, bias=False)
+        self.qkv = torch.nn.Linear(HIDDEN, Q + 2 * KV, bias=bias)
         cos, sin = _table()
         self.register_buffer("cos_sin", torch.cat([cos, sin], -1))
-        self.rope, self.table = rope, table
+        self.rope = rope
 
     def forward(self, positions, h):
         q, k, v = self.qkv(h).split([Q, KV, KV], dim=-1)
@@ -104,9 +104,11 @@ def _compile(module, dynamic=True):
     return compiled, passes
 
 
-@pytest.mark.parametrize("rope", [_builtin, _vllm, _transformers], ids=["builtin", "vllm", "transformers"])
-def test_neox_ropes_go_into_the_projection_and_match_eager(rope):
-    module = Attention(rope).to(BF16).requires_grad_(False)
+# the bias: Qwen2's qkv has one
+@pytest.mark.parametrize("rope,bias", [(_builtin, False), (_vllm, True), (_transformers, False)],
+                         ids=["builtin", "vllm_with_bias", "transformers"])
+def test_neox_ropes_go_into_the_projection_and_match_eager(rope, bias):
+    module = Attention(rope, bias).to(BF16).requires_grad_(False)
     compiled, passes = _compile(module)
     for tokens in (1, 3, 5):
         h = torch.randn(tokens, HIDDEN, generator=torch.Generator().manual_seed(tokens)).to(BF16)
@@ -162,11 +164,11 @@ def test_left_alone_where_the_query_is_read_elsewhere_or_the_tables_differ(cls):
 def test_the_ops_cpu_path_checks_its_arguments():
     x, w = torch.randn(2, 8), torch.randn(32, 8)
     cos, sin = torch.ones(2, 4), torch.zeros(2, 4)
-    torch.testing.assert_close(rope_linear.op()(x, w, cos, sin, 16, 8), x @ w.T)  # angle 0: the projection
+    torch.testing.assert_close(rope_linear.op()(x, w, None, cos, sin, 16, 8), x @ w.T)  # angle 0: the projection
     with pytest.raises(ValueError, match="whole heads"):
-        rope_linear.op()(x, w, cos, sin, 12, 8)
+        rope_linear.op()(x, w, None, cos, sin, 12, 8)
     with pytest.raises(ValueError, match="cos is"):
-        rope_linear.op()(x, w, torch.ones(3, 4), sin, 16, 8)
+        rope_linear.op()(x, w, None, torch.ones(3, 4), sin, 16, 8)
 
 
 def test_the_config_puts_the_pass_after_the_glu_one_and_needs_small_m():

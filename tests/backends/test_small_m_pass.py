@@ -48,6 +48,28 @@ def test_projections_of_cuda_half_weights_are_rewritten_and_compute_the_same():
         torch.testing.assert_close(got, want)
 
 
+def _biased(x, w, b, r):
+    qwen = aten.addmm.default(b, x, aten.permute.default(w, [1, 0]))  # a [N] bias (Qwen2's qkv): rewritten
+    residual = aten.addmm.default(r, x, w.t())  # a 2-D addend is not a bias: kept
+    scaled = aten.addmm.default(b, x, w.t(), beta=2)  # beta != 1: kept
+    return qwen, residual, scaled
+
+
+def test_biased_projections_are_rewritten_with_their_bias():
+    with FakeTensorMode():
+        shapes = [(3, 8), (16, 8), (16,), (3, 16)]
+        fake = tuple(torch.empty(*s, device="cuda", dtype=torch.bfloat16) for s in shapes)
+    gm = make_fx(_biased, tracing_mode="fake")(*fake)
+    assert use_small_m_linear(gm.graph) == 1
+    gm.recompile()
+    call = next(n for n in gm.graph.nodes if n.target is small_m_linear_op())
+    assert call.args[2] is not None and _count(gm, aten.addmm.default) == 2
+    gen = torch.Generator().manual_seed(1)
+    args = tuple(torch.randn(*s, generator=gen).bfloat16() for s in shapes)
+    for got, want in zip(gm(*args), _biased(*args)):
+        torch.testing.assert_close(got, want)
+
+
 def test_cpu_pieces_are_left_alone():
     gm = _trace("cpu")
     assert use_small_m_linear(gm.graph) == 0

@@ -30,8 +30,8 @@ def _case(m, heads, kv_heads, head_dim, k, seed=0):
     return x, w, table[:, :head_dim // 2], table[:, head_dim // 2:]
 
 
-def _want(x, w, cos, sin, heads, kv_heads, head_dim):
-    y = torch.nn.functional.linear(x, w)
+def _want(x, w, b, cos, sin, heads, kv_heads, head_dim):
+    y = torch.nn.functional.linear(x, w, b)
     q, k = heads * head_dim, kv_heads * head_dim
     rq = _rotate(y[:, :q].reshape(-1, heads, head_dim), cos, sin).reshape(-1, q)
     rk = _rotate(y[:, q:q + k].reshape(-1, kv_heads, head_dim), cos, sin).reshape(-1, k)
@@ -39,16 +39,19 @@ def _want(x, w, cos, sin, heads, kv_heads, head_dim):
 
 
 @pytest.mark.parametrize("m", [1, 3, 64])
-@pytest.mark.parametrize("heads,kv_heads,head_dim,k", [(32, 8, 64, 2048), (28, 4, 128, 3584), (5, 1, 32, 130)])
-def test_the_op_matches_the_model(m, heads, kv_heads, head_dim, k):
+# Llama-3.2-1B's; Qwen2-7B's, with its qkv bias; a ragged one
+@pytest.mark.parametrize("heads,kv_heads,head_dim,k,bias", [(32, 8, 64, 2048, False), (28, 4, 128, 3584, True),
+                                                            (5, 1, 32, 130, True)])
+def test_the_op_matches_the_model(m, heads, kv_heads, head_dim, k, bias):
     x, w, cos, sin = _case(m, heads, kv_heads, head_dim, k, seed=m)
-    got = rope_linear.op()(x, w, cos, sin, (heads + kv_heads) * head_dim, head_dim)
-    torch.testing.assert_close(got, _want(x, w, cos, sin, heads, kv_heads, head_dim), atol=3e-2, rtol=3e-2)
+    b = torch.randn(w.shape[0], device="cuda", dtype=BF16) if bias else None
+    got = rope_linear.op()(x, w, b, cos, sin, (heads + kv_heads) * head_dim, head_dim)
+    torch.testing.assert_close(got, _want(x, w, b, cos, sin, heads, kv_heads, head_dim), atol=3e-2, rtol=3e-2)
 
 
 def test_one_row_is_one_launch_and_more_rows_one_rotation_kernel():
     for m, most in ((1, 1), (4, 3)):  # four rows: the GEMM (or a split-K pair), then the rotation
         x, w, cos, sin = _case(m, 32, 8, 64, 2048)
-        names = cuda_kernels(lambda: rope_linear.op()(x, w, cos, sin, 40 * 64, 64))
+        names = cuda_kernels(lambda: rope_linear.op()(x, w, None, cos, sin, 40 * 64, 64))
         assert len(names) <= most and sum("rope" in k for k in names) == 1, names
         assert not any("elementwise" in k.lower() or "cat" in k.lower() for k in names), names

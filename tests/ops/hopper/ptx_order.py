@@ -76,7 +76,7 @@ VARIANTS = [
     ("add-rms-norm", _add_rms_norm_kernel, dict(ADD=True, BLOCK_K=2048, PDL=True), 4),
     ("silu-mul", _act_mul_kernel, dict(BLOCK_K=1024, ACT=0, PDL=True), 4),
     ("gate_up gemv with the gelu-mul epilogue", _gate_up_glu_kernel, dict(BLOCK_N=1, BLOCK_K=2048, ACT=1, PDL=True), 2),
-    ("qkv gemv with the rope epilogue", _qkv_rope_kernel, dict(HALF=32, BLOCK_P=1, BLOCK_K=2048, PDL=True), 2),
+    ("qkv gemv with the rope epilogue", _qkv_rope_kernel, dict(HAS_BIAS=True, HALF=32, BLOCK_P=1, BLOCK_K=2048, PDL=True), 2),
     ("rope rows", _rope_rows_kernel, dict(HALF=32, BLOCK_P=256, PDL=True), 4),
     ("split-k", _split_k_kernel, dict(HAS_BIAS=True, BLOCK_N=16, BLOCK_K=256, SPLIT=4, PDL=True, PREFETCH=False), 4),
     ("split-k+prefetch", _split_k_kernel,

@@ -50,8 +50,8 @@ def _close(got, want):
     torch.testing.assert_close(got, want, atol=tol[0], rtol=tol[1])
 
 
-def _projection(x, w):
-    return torch.nn.functional.linear(x.float(), w.float()).to(x.dtype)
+def _projection(x, w, b=None):
+    return torch.nn.functional.linear(x.float(), w.float(), None if b is None else b.float()).to(x.dtype)
 
 
 def _data(rows, heads, kv_heads, head_dim, k, dtype, seed=0):
@@ -62,16 +62,19 @@ def _data(rows, heads, kv_heads, head_dim, k, dtype, seed=0):
     return x, w
 
 
-@pytest.mark.parametrize("heads,kv_heads,head_dim,k,dtype", [
-    (4, 2, 16, 48, F16), (4, 1, 64, 300, BF16), (2, 1, 128, 5000, F16), (8, 2, 64, 2048, BF16)])
-def test_the_gemv_rotates_query_and_key_in_its_epilogue(rope, heads, kv_heads, head_dim, k, dtype):
+# the bias: Qwen2's qkv has one
+@pytest.mark.parametrize("heads,kv_heads,head_dim,k,dtype,bias", [
+    (4, 2, 16, 48, F16, False), (4, 1, 64, 300, BF16, True), (2, 1, 128, 5000, F16, True),
+    (8, 2, 64, 2048, BF16, False)])
+def test_the_gemv_rotates_query_and_key_in_its_epilogue(rope, heads, kv_heads, head_dim, k, dtype, bias):
     x, w = _data(1, heads, kv_heads, head_dim, k, dtype)
+    b = torch.randn(w.shape[0], generator=torch.Generator().manual_seed(8)).to(dtype) if bias else None
     cos, sin = _angles(1, head_dim)
     rotated = (heads + kv_heads) * head_dim
-    y = _projection(x, w)
+    y = _projection(x, w, b)
     want = _reference(y, cos, sin, heads, kv_heads, head_dim)
     for config in [rope.rope_config(k)] + ([(1, 64, 2), (8, 128, 4)] if k < 1000 else []):
-        got = rope.qkv_rope(x, w, cos, sin, rotated, head_dim, config)
+        got = rope.qkv_rope(x, w, b, cos, sin, rotated, head_dim, config)
         _close(got, want)
         # the value's columns are the plain projection's (rounded once, never rotated)
         _close(got[:, rotated:], y[:, rotated:])
@@ -80,7 +83,7 @@ def test_the_gemv_rotates_query_and_key_in_its_epilogue(rope, heads, kv_heads, h
 def test_nothing_rotated_is_the_plain_projection(rope):
     x, w = _data(1, 2, 1, 32, 96, BF16, seed=1)
     cos, sin = _angles(1, 32)
-    got = rope.qkv_rope(x, w, cos, sin, 0, 32)
+    got = rope.qkv_rope(x, w, None, cos, sin, 0, 32)
     _close(got, _projection(x, w))
 
 
@@ -89,7 +92,7 @@ def test_strided_cos_and_sin_halves_of_one_table(rope):
     cos, sin = _angles(1, 16, seed=3)
     table = torch.cat([cos, sin], dim=-1)  # the built-in Llama's cos_sin_cache row
     rotated = 6 * 16
-    got = rope.qkv_rope(x, w, table[:, :8], table[:, 8:], rotated, 16)
+    got = rope.qkv_rope(x, w, None, table[:, :8], table[:, 8:], rotated, 16)
     _close(got, _reference(_projection(x, w), cos, sin, 4, 2, 16))
 
 
