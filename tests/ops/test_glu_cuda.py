@@ -40,11 +40,13 @@ def test_the_op_matches_the_model(m, n, k, layout, activation):
 
 def test_one_row_is_one_launch_and_more_rows_one_activation_kernel():
     gate_w, up_w = _weights(8192, 2048, "merged", seed=0)
-    one = cuda_kernels(lambda: glu_linear.op()(torch.ones(1, 2048, device="cuda", dtype=BF16), gate_w, up_w, "silu"))
+    row = torch.ones(1, 2048, device="cuda", dtype=BF16)
+    one = cuda_kernels(lambda: glu_linear.op()(row, gate_w, up_w, "silu"))
     assert len(one) == 1 and "gate_up_glu" in one[0], one
     # four rows: the library GEMM over the merged halves (one, or a split-K pair), then one
     # activation-and-mul kernel, and no PyTorch elementwise kernel
     for act in ("silu", "gelu_tanh"):
-        four = cuda_kernels(lambda: glu_linear.op()(torch.ones(4, 2048, device="cuda", dtype=BF16), gate_w, up_w, act))
+        rows = torch.ones(4, 2048, device="cuda", dtype=BF16)
+        four = cuda_kernels(lambda: glu_linear.op()(rows, gate_w, up_w, act))
         assert sum("act_mul" in k for k in four) == 1 and len(four) <= 3, four
         assert not any("elementwise" in k.lower() for k in four), four
