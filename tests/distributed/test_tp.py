@@ -6,6 +6,7 @@ loaded by the others; a dead or hung owner is passed by.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import time
@@ -58,16 +59,30 @@ def test_locks_only_loader_links_the_owners_libraries(tmp_path):
     assert total(reports, "num_cache_errors") == 0
 
 
-def test_published_pieces_load_while_their_locks_are_held(tmp_path):
+@pytest.fixture(scope="module")
+def one_layer_group(tmp_path_factory):
+    """One cold group (2 ranks, 1 layer) into a fresh root, made once for the tests that start
+    from a cache a group compiled: each works on its own copy (_copy_of). Returns the root and
+    the number of unique pieces."""
+    tmp = tmp_path_factory.mktemp("tp-one-layer")
+    root = tmp / "cache"
+    first = finish(tmp, start_group(tmp, root, "w", 2, "--layers", "1"), ["w-0", "w-1"])
+    assert all(r["max_abs_err"] < TOL for r in first), [r["max_abs_err"] for r in first]
+    return root, first[0]["counters"]["num_piecewise_capturable_graphs_seen"]
+
+
+def _copy_of(group, tmp_path):
+    root = tmp_path / "cache"
+    shutil.copytree(group[0], root, symlinks=True)
+    return root, group[1]
+
+
+def test_published_pieces_load_while_their_locks_are_held(tmp_path, one_layer_group):
     """A rank that finds a piece published loads it without the piece's lock: loaders do not
     take turns (each waiting out the others' loads), nor wait on a peer that holds the lock."""
-    import shutil
-
     import filelock
 
-    root = tmp_path / "cache"
-    first = finish(tmp_path, start_group(tmp_path, root, "w", 2, "--layers", "1"), ["w-0", "w-1"])
-    unique = first[0]["counters"]["num_piecewise_capturable_graphs_seen"]
+    root, unique = _copy_of(one_layer_group, tmp_path)
     for own in root.glob("torch_compile_cache/*/rank_*"):
         shutil.rmtree(own)  # the ranks start with nothing of their own: every piece is published
     locks = [filelock.FileLock(str(p)) for p in root.glob("torch_compile_cache/*/shared/*/locks/*.lock")]
@@ -87,15 +102,11 @@ def test_published_pieces_load_while_their_locks_are_held(tmp_path):
     assert total(reports, "num_cache_errors") == 0
 
 
-def test_a_warm_rank_traces_with_a_cold_peer(tmp_path):
+def test_a_warm_rank_traces_with_a_cold_peer(tmp_path, one_layer_group):
     """One rank's own cache is warm, its peer's is empty: the warm rank sets its saved forward
     aside and traces with the peer (one exchange decides it for the group), rather than run into
     the model's collectives while the peer waits in the agreement; nothing is compiled."""
-    import shutil
-
-    root = tmp_path / "cache"
-    first = finish(tmp_path, start_group(tmp_path, root, "w", 2, "--layers", "1"), ["w-0", "w-1"])
-    unique = first[0]["counters"]["num_piecewise_capturable_graphs_seen"]
+    root, unique = _copy_of(one_layer_group, tmp_path)
     warm = finish(tmp_path, start_group(tmp_path, root, "v", 2, "--layers", "1"), ["v-0", "v-1"])
     assert [r["counters"]["num_dynamo_functions_loaded"] for r in warm] == [1, 1]
     assert total(warm, "num_dynamo_functions_set_aside") == 0
