@@ -1,8 +1,10 @@
 """Damage a real cache N times in one process, each time a random file in a random way (seeded).
 
-argv: PRISTINE_ROOT WORK_DIR N SEED. A cold run makes the pristine cache; each round copies it, damages one file, runs the tiny Llama (a start), then runs it again (the
-next start), clearing Dynamo's and Inductor's in-memory caches and atom-compile's warn-once
-memory before each start, so each behaves as a fresh process would. Prints one JSON report.
+argv: PRISTINE_ROOT WORK_DIR N SEED. PRISTINE_ROOT holds the tiny Llama's cache (1 layer, level 3),
+or is empty: then the first start here compiles it. Each round copies it, damages one file, runs
+the tiny Llama (a start), then runs it again (the next start), clearing Dynamo's and Inductor's
+in-memory caches and atom-compile's warn-once memory before each start, so each behaves as a
+fresh process would. Prints one JSON report.
 """
 
 import hashlib
