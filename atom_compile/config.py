@@ -74,13 +74,13 @@ class CompilationConfig:
     # The built-in post-grad pass (backends/glu_pass.py) that puts a gated MLP's activation-and-
     # mul (SwiGLU, GeGLU) into the epilogue of its gate and up projections: one launch at one
     # token, no activation kernel.
-    # Off until measured on a GPU (benchmarks/decode.py -glu arms); needs small_m_linear_pass.
-    # Keyed when on.
+    # Off: on an H100 it removes the activation kernel but the step is no faster (BENCHMARKS.md,
+    # benchmarks/decode.py -glu arms); needs small_m_linear_pass. Keyed when on.
     glu_pass: bool = False
     # The built-in post-grad pass (backends/rope_pass.py) that puts the rotary embedding of the
     # query and key (neox RoPE, recognised by what it computes) into the epilogue of their qkv
-    # projection: one launch at one token, no RoPE kernels. Off until measured on a GPU
-    # (benchmarks/decode.py -rope arms); needs small_m_linear_pass. Keyed when on.
+    # projection: one launch at one token, no RoPE kernels. Off: on an H100 the step is no
+    # faster (BENCHMARKS.md, benchmarks/decode.py -rope arms); needs small_m_linear_pass. Keyed when on.
     rope_pass: bool = False
     inductor_compile_config: dict = field(default_factory=dict)
     debug_dump_path: str = ""
