@@ -60,18 +60,21 @@ def _activation_input(act: fx.Node) -> Optional[fx.Node]:
     return leaves.pop() if len(leaves) == 1 and inner else None
 
 
-def _run_on(probe: torch.Tensor, act: fx.Node, g: fx.Node) -> torch.Tensor:
-    """The nodes from `g` to `act` run on `probe` as g, each cast a cast to float64."""
-    values: dict[fx.Node, torch.Tensor] = {g: probe}
-
-    def run(node: fx.Node) -> torch.Tensor:
+def run_in_float64(out: fx.Node, values: dict, region: Optional[set] = None) -> object:
+    """`out` computed from `values` (its inputs' probe values, keyed by node), every cast made a
+    cast to float64; with `region`, only the nodes in it are computed (KeyError past it)."""
+    def run(node: object) -> object:
+        if not isinstance(node, fx.Node):
+            return node
         if node not in values:
+            if region is not None and node not in region:
+                raise KeyError(node)
             args, kwargs = fx.node.map_arg((node.args, node.kwargs), run)
             cast = node.target is prims.convert_element_type.default
             values[node] = args[0].to(torch.float64) if cast else node.target(*args, **kwargs)
         return values[node]
 
-    return run(act)
+    return run(out)
 
 
 def identify_activation(act: fx.Node, g: fx.Node) -> Optional[str]:
@@ -86,7 +89,7 @@ def identify_activation(act: fx.Node, g: fx.Node) -> Optional[str]:
         # both tails and the curved middle, where SiLU and the GELUs differ most
         probe = torch.linspace(-8.0, 8.0, 257, dtype=torch.float64)
         try:
-            got = _run_on(probe, act, g)
+            got = run_in_float64(act, {g: probe})
         except Exception:  # an op with no CPU kernel, or arguments it cannot take on a probe row
             return None
         for name in ACTIVATIONS:

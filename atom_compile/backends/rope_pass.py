@@ -33,7 +33,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.pattern_matcher import stable_topological_sort
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from .glu_pass import _piece, _pointwise
+from .glu_pass import _piece, _pointwise, run_in_float64
 from .prologue_pass import _RESHAPES, _call, _val
 from .small_m_pass import _HALF
 
@@ -111,23 +111,6 @@ def _probe_shape(val: torch.Tensor, rows: int) -> Optional[tuple[int, ...]]:
     return tuple(dims) if len(symbolic) <= 1 else None
 
 
-def _run(region: set[fx.Node], out: fx.Node, values: dict) -> torch.Tensor:
-    """`out` computed from `values` (the piece and the region's other inputs), every cast made a
-    cast to float64."""
-    def run(node: object) -> object:
-        if not isinstance(node, fx.Node):
-            return node
-        if node not in values:
-            if node not in region:
-                raise KeyError(node)
-            args, kwargs = fx.node.map_arg((node.args, node.kwargs), run)
-            cast = node.target is prims.convert_element_type.default
-            values[node] = args[0].to(torch.float64) if cast else node.target(*args, **kwargs)
-        return values[node]
-
-    return run(out)
-
-
 def _token_count(node: fx.Node, piece: fx.Node) -> bool:
     """Whether `node` is the piece's symbolic row count (a reshape's size read as a node)."""
     val, rows = node.meta.get("val"), _val(piece).shape[0]
@@ -158,7 +141,7 @@ def _angles(region, out, piece, leaves, head_dim: int, rows: int, gen) -> Option
         return None
     inputs = {leaf: torch.rand(s, generator=gen, dtype=torch.float64) + 0.5 for leaf, s in zip(tensors, shapes)}
     inputs.update({leaf: rows for leaf in leaves if leaf not in inputs})
-    unit = _run(region, out, {**inputs, piece: _unit_pairs(rows, width, head_dim)})
+    unit = run_in_float64(out, {**inputs, piece: _unit_pairs(rows, width, head_dim)}, region)
     if unit.numel() != rows * width:
         return None
     unit = unit.reshape(rows, width // head_dim, head_dim)
@@ -166,7 +149,7 @@ def _angles(region, out, piece, leaves, head_dim: int, rows: int, gen) -> Option
     if not torch.allclose(unit, torch.cat([cos, sin], -1).expand_as(unit), rtol=1e-9, atol=1e-12):
         return None
     x = torch.randn(rows, width, generator=gen, dtype=torch.float64)
-    got = _run(region, out, {**inputs, piece: x}).reshape(rows, width // head_dim, head_dim)
+    got = run_in_float64(out, {**inputs, piece: x}, region).reshape(rows, width // head_dim, head_dim)
     a, b = x.reshape(rows, width // head_dim, head_dim).split(half, -1)
     want = torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
     if not torch.allclose(got, want, rtol=1e-9, atol=1e-12):
