@@ -9,7 +9,7 @@ served from the 50 MB L2.
     python benchmarks/small_m_linear.py [--m 1,2,4,8] [--sweep] [--split-k]
 
 --sweep times every config of triton_linear.CONFIGS that fits, with the weights cycled past L2
-(the tuning itself times one weight, which L2 may hold), and prints the five fastest.
+(as the tuning does: ops/tuning.py past_l2), and prints the five fastest.
 --split-k turns triton_linear.SPLIT_K_ROWS on: 2..8 rows of the narrower layers take the split-K
 dots (ops/triton_splitk.py), and --sweep then times its configs.
 """

@@ -8,6 +8,13 @@ Inductor's own `.best_config` files it is rewritten as choices are added, so the
 no digest of it (its owner and mode are checked with the directory's); it is data, never code,
 and an entry is taken only if it is one of the candidates the kernel offers for that call
 (anything else is ignored, and the shape is timed again).
+
+Decode reads each weight once per step, from memory: a layer's weight is long gone from L2 by
+the next step. So a shape is timed cycling through copies of its weight that together exceed
+twice the L2 (`past_l2`); timed on the one weight, a layer of up to tens of MB is served from L2
+and the choice favours shapes that are fast only there (BENCHMARKS.md: at 8 rows the in-L2
+timing kept cuBLAS for two projections where split-K was 12-14% faster past L2). Entries carry
+how they were timed (`TIMING`): a choice timed another way is timed again.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ from . import kernel_dir
 logger = logging.getLogger("atom_compile")
 
 MAX_BYTES = 1 << 20  # a table of block shapes; anything larger is not ours
+TIMING = "past-l2"
+MAX_COPIES = 64
 
 
 def _path(kernel: str) -> Optional[Path]:
@@ -35,7 +44,23 @@ def _path(kernel: str) -> Optional[Path]:
 def _entry(key: tuple, device: torch.device) -> str:
     # the same shape may tune differently on another GPU sharing the cache directory
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-    return json.dumps([name, *(str(k) for k in key)])
+    return json.dumps([name, TIMING, *(str(k) for k in key)])
+
+
+def past_l2(weight: torch.Tensor) -> list[torch.Tensor]:
+    """`weight` and as many copies as make twice the device's L2 (at most MAX_COPIES), for
+    timing with the weight read from memory; the weight alone where the copies do not fit."""
+    if weight.device.type != "cuda":
+        return [weight]
+    l2 = getattr(torch.cuda.get_device_properties(weight.device), "L2_cache_size", 0) or (50 << 20)
+    nbytes = max(1, weight.numel() * weight.element_size())
+    copies = min(MAX_COPIES, -(-2 * l2 // nbytes) - 1)
+    try:
+        return [weight, *(weight.clone() for _ in range(max(0, copies)))]
+    except torch.cuda.OutOfMemoryError:  # a device filled by its KV cache: time in L2 rather than fail
+        logger.info("atom-compile: no memory for %d copies of a %d-byte weight; its shapes are timed on "
+                    "the one weight, which L2 may hold", copies, nbytes)
+        return [weight]
 
 
 def _read(path: Path) -> dict:

@@ -62,3 +62,19 @@ def test_damaged_entries_are_ignored_and_timed_again(ops_dir, caplog, damage):
     # a new choice replaces what could not be read
     tuning.remember("small_m_linear", KEY, CPU, (16, 256, 4))
     assert tuning.lookup("small_m_linear", KEY, CPU, ALLOWED) == (16, 256, 4)
+
+
+def test_a_choice_timed_another_way_is_timed_again(ops_dir):
+    """An entry saved before the shapes were timed past L2 (no timing tag) is not taken."""
+    path = ops_dir / "small_m_linear.best_config"
+    old_entry = json.dumps([json.loads(tuning._entry(KEY, CPU))[0], *(str(k) for k in KEY)])
+    path.write_text(json.dumps({old_entry: [32, 128, 4]}))
+    assert tuning.lookup("small_m_linear", KEY, CPU, ALLOWED) is None
+    tuning.remember("small_m_linear", KEY, CPU, (16, 256, 4))
+    assert tuning.lookup("small_m_linear", KEY, CPU, ALLOWED) == (16, 256, 4)
+    assert len(json.loads(path.read_text())) == 2  # the old entry stays, unread
+
+
+def test_past_l2_is_the_weight_alone_off_cuda():
+    w = torch.ones(4, 4)
+    assert tuning.past_l2(w) == [w] and tuning.past_l2(w)[0] is w

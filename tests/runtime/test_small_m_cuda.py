@@ -152,3 +152,32 @@ def test_a_tuned_shape_is_taken_from_the_kernel_directory(tmp_path, monkeypatch)
     finally:
         kernel_dir.use_kernel_dir(*before)
         triton_linear._tuned.clear()
+
+
+def test_shapes_are_timed_with_the_weight_past_l2(monkeypatch):
+    """A shape's candidates are timed cycling through copies of the weight that exceed twice
+    the L2 (a decode step reads each weight from memory), and the result is still the layer's."""
+    from atom_compile.ops import kernel_dir, tuning
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w = torch.randn(2048, 2048, device="cuda", generator=g, dtype=torch.bfloat16) / 45
+    x = torch.randn(4, 2048, device="cuda", generator=g, dtype=torch.bfloat16)
+    copies = tuning.past_l2(w)
+    l2 = torch.cuda.get_device_properties(w.device).L2_cache_size
+    assert copies[0] is w and len(copies) * w.numel() * w.element_size() >= 2 * l2
+    assert all(c.data_ptr() != w.data_ptr() and torch.equal(c, w) for c in copies[1:])
+    read = set()
+    real = triton_linear._split_k_or_library
+    monkeypatch.setattr(triton_linear, "_split_k_or_library",
+                        lambda x, w, *rest: (read.add(w.data_ptr()), real(x, w, *rest))[1])
+    monkeypatch.setattr(triton_linear, "SPLIT_K_ROWS", True)
+    before = (kernel_dir.kernel_dir(), kernel_dir._state["on_written"])
+    kernel_dir.use_kernel_dir(None)
+    triton_linear._tuned.clear()
+    try:
+        got = triton_linear.small_m_linear(x, w)
+    finally:
+        kernel_dir.use_kernel_dir(*before)
+        triton_linear._tuned.clear()
+    assert len(read) == len(copies)  # every copy was read while timing
+    torch.testing.assert_close(got.float(), torch.nn.functional.linear(x.float(), w.float()), atol=2e-2, rtol=2e-2)
