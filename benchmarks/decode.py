@@ -83,16 +83,31 @@ def decode_steps(batch: int, context: int, blocks_per_seq: int):
             for i in range(batch)]
 
 
+WALL = False  # --wall: time steps on the host clock (a synchronize after each), as before 2026-12-06
+
+
 def median_step(fn, steps: int) -> float:
+    """Median seconds of one step: GPU time between CUDA events around it (the issue's method;
+    a host-bound step still counts, as the GPU then idles between the events), or with --wall
+    the host's clock around the step and a synchronize, which adds the launch of the first
+    kernel and the synchronize's wake-up to every step."""
     for _ in range(5):
         fn()
     torch.cuda.synchronize()
     times = []
     for _ in range(steps):
-        t = time.perf_counter()
+        if WALL:
+            t = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t)
+            continue
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
         fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
     return statistics.median(times)
 
 
@@ -221,7 +236,7 @@ def kv_bytes(cfg, batch: int, context: int) -> int:
 
 
 def main() -> None:
-    global PROFILE
+    global PROFILE, WALL
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", default="1,8,32,128")
     ap.add_argument("--context", type=int, default=1024)
@@ -230,7 +245,9 @@ def main() -> None:
                     "atom-full,atom-tr_hybrid,atom-full-sizes,atom-tr_hybrid-sizes")
     ap.add_argument("--json", default="")
     ap.add_argument("--profile", action="store_true", help="print the GPU time per kernel of the atom arms at the first batch")
+    ap.add_argument("--wall", action="store_true", help="time steps on the host clock, not CUDA events")
     args = ap.parse_args()
+    WALL = args.wall
     if not torch.cuda.is_available():
         sys.exit("decode.py needs a CUDA GPU")
     batches = [int(b) for b in args.batches.split(",")]
@@ -268,7 +285,8 @@ def main() -> None:
             torch._dynamo.reset()
             torch.cuda.empty_cache()
 
-    print(f"\n{results['device']}, torch {results['torch']}, context {args.context}")
+    print(f"\n{results['device']}, torch {results['torch']}, context {args.context}, "
+          f"{'host clock' if WALL else 'CUDA events'}, median of {args.steps} steps")
     print(f"copy bandwidth {results['copy_bandwidth_tb_s']:.2f} TB/s; weights {weights / 1e9:.2f} GB; "
           f"floor {results['floor_ms']:.3f} ms")
     print("| arm | " + " | ".join(f"bs {b} (ms)" for b in batches) + " |")
