@@ -122,13 +122,6 @@ def prefetch() -> bool:
     return _flag("ATOM_COMPILE_PREFETCH")
 
 
-def l2_prefetch() -> bool:
-    """ATOM_COMPILE_L2_PREFETCH=1 makes the one-row GEMV launched with PDL ask L2 for its weight
-    rows before it waits for the kernel before (ops/pdl.py l2_prefetch_plan). A cache hint: it
-    changes when bytes reach L2, never what any kernel reads or computes. Off until measured."""
-    return _flag("ATOM_COMPILE_L2_PREFETCH")
-
-
 def split_k_rows() -> bool:
     """ATOM_COMPILE_SPLIT_K=1 runs 2-8 rows of a narrow projection on our split-K dots where
     they time faster than the library GEMM (ops/triton_splitk.py); off by default until the

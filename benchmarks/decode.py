@@ -12,8 +12,7 @@ launched as one) and as
 the attention its cached keys before their PDL wait, for an A/B of the prefetch in one process;
 run it first, its twins compile with new shapes only) and as `-dots` (2-8 rows of every
 projection on the small-M kernel's padded tensor-core dots rather than cuBLAS) or `-splitk` (the split-K dots,
-ops/triton_splitk.py) and as `-l2pf` (ATOM_COMPILE_L2_PREFETCH=1: each one-row GEMV asks L2 for its
-weight rows before its PDL wait, ops/pdl.py l2_prefetch_plan); and
+ops/triton_splitk.py); and
 `peer`, a plain-PyTorch decoder of the same dimensions (static KV, SDPA,
 benchmarks/_peer_decoder.py) under torch.compile(mode="reduce-overhead"), one compile per batch.
 Batches of 1, 8, 32 and 128 sequences, each with a 1k-token context already in the paged KV
@@ -165,8 +164,6 @@ def run_arm(name: str, batches: list[int], context: int, steps: int, block: int)
                 patches.enter_context(mock.patch.object(envs, "prefetch", lambda: True))
             if "-dots" in name:  # 2-8 rows of every projection on the padded dots, not cuBLAS
                 patches.enter_context(mock.patch.object(triton_linear, "DOT_MIN_N", 0))
-            if "-l2pf" in name:  # as ATOM_COMPILE_L2_PREFETCH=1: one-row GEMVs ask L2 for their weight early
-                patches.enter_context(mock.patch.object(envs, "l2_prefetch", lambda: True))
             if "-splitk" in name:  # 2-8 rows of the narrower projections on the split-K dots
                 patches.enter_context(mock.patch.object(triton_linear, "SPLIT_K_ROWS", True))
             return _run_atom(cc, batches, context, steps, block, max_seqs)

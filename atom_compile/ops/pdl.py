@@ -21,7 +21,6 @@ import functools
 
 import torch
 import triton
-import triton.language as tl
 
 from .. import envs
 
@@ -46,34 +45,6 @@ def wait_then_release():
     let the next kernel launch."""
     gdc_wait()
     gdc_launch_dependents()
-
-
-@triton.jit
-def l2_prefetch_rows(w_ptr, row0, n_rows, row_elems, stride_w, ROWS: tl.constexpr, LINES: tl.constexpr,
-                     LINE_ELEMS: tl.constexpr):
-    """Ask L2 for rows [row0, row0 + ROWS) of a row-major matrix (those below n_rows), one
-    128-byte line per lane. A hint (`prefetch.global.L2`): nothing reaches registers and nothing
-    is read that a later write could make stale, since L2 is where writes land."""
-    rows = row0 + tl.arange(0, ROWS)
-    lines = tl.arange(0, LINES) * LINE_ELEMS
-    ptrs = w_ptr + rows.to(tl.int64)[:, None] * stride_w + lines[None, :]
-    ptrs = tl.where((rows < n_rows)[:, None] & (lines < row_elems)[None, :], ptrs, w_ptr)  # masked: line 0 again
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-                              is_pure=False, pack=1)
-
-
-def l2_prefetch_plan(early: bool, blocks: int, block_bytes: int, device: torch.device) -> tuple[int, int]:
-    """(row blocks, spread) a GEMV launched with PDL asks L2 for before its wait: the first
-    blocks up to half the device's L2, each of the first blocks / spread programs asking for
-    `spread` of them (the programs scheduled first are the ones waiting early, and a later one
-    then finds its rows in L2); (0, 0) without PDL or ATOM_COMPILE_L2_PREFETCH=1."""
-    if not (early and envs.l2_prefetch()):
-        return 0, 0
-    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or (50 << 20)
-    return max(1, min(blocks, (l2 // 2) // max(1, block_bytes))), L2_SPREAD
-
-
-L2_SPREAD = 2
 
 
 def _launch_option() -> bool:

@@ -24,7 +24,7 @@ except ImportError:  # an older layout: no config is skipped for its size
 
 from .. import envs
 from . import pdl, triton_splitk, tuning
-from .pdl import l2_prefetch_rows, wait_then_release
+from .pdl import wait_then_release
 from .triton_launch import FastLaunch, cdiv, next_power_of_2
 
 logger = logging.getLogger("atom_compile")
@@ -70,25 +70,12 @@ def _accumulate(acc, x, w, USE_DOT: tl.constexpr, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _l2_prefetch(w_ptr, pid, pf_blocks, N, K, stride_wn, BLOCK_N: tl.constexpr, SPREAD: tl.constexpr,
-                 LINES: tl.constexpr):
-    # programs [0, per) ask for blocks pid, pid + per, ...: those scheduled first (waiting while
-    # the kernel before runs) fetch the rows of those that start later too
-    per = tl.cdiv(pf_blocks, SPREAD)
-    if pid < per:
-        for j in tl.static_range(SPREAD):
-            block = pid + j * per
-            if block < pf_blocks:
-                l2_prefetch_rows(w_ptr, block * BLOCK_N, N, K, stride_wn, BLOCK_N, LINES, 64)  # 64 half-precision elements: 128 bytes
-
-
-@triton.jit
 def _small_m_linear_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-    r_ptr, h_ptr, nw_ptr, stride_rm, eps, pf_blocks,
+    r_ptr, h_ptr, nw_ptr, stride_rm, eps,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_DOT: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, NORM: tl.constexpr, ADD: tl.constexpr,
-    SILU_MUL: tl.constexpr, PREFETCH: tl.constexpr, L2_SPREAD: tl.constexpr, PF_LINES: tl.constexpr,
+    SILU_MUL: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     # One token (BLOCK_M 1): a plain GEMV, weight row by x, reduced along K in float32.
     # More tokens: tensor-core dots with the rows padded to BLOCK_M = 16 (reading the weight
@@ -113,8 +100,6 @@ def _small_m_linear_kernel(
     w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
     if PREFETCH:
         w_next = tl.load(w_ptrs, mask=n_mask[:, None] & (offs_k < K)[None, :], other=0.0)
-    if L2_SPREAD > 0:  # (with PDL) ask L2 for the first pf_blocks row blocks, L2_SPREAD each
-        _l2_prefetch(w_ptr, pid, pf_blocks, N, K, stride_wn, BLOCK_N, L2_SPREAD, PF_LINES)
     if PDL:  # launched early (ops/pdl.py): read nothing else before the kernel before has finished
         wait_then_release()
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -178,18 +163,15 @@ def _launch(x, weight, bias, out, config, norm=None, up=None) -> None:
     dummy = bias if bias is not None else weight
     nw, eps, residual, h = norm if norm is not None else (weight, 0.0, up, None)
     early = pdl.enabled(x.device)
-    blocks = cdiv(n, block_n)
-    pf_blocks, spread = pdl.l2_prefetch_plan(early and m == 1, blocks, block_n * k * weight.element_size(), x.device)
     _linear_launch(
-        (blocks, 1, 1),
+        (cdiv(n, block_n), 1, 1),
         (x, weight, dummy, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
          residual if residual is not None else x, h if h is not None else out, nw,
-         residual.stride(0) if residual is not None else x.stride(0), float(eps), pf_blocks),
+         residual.stride(0) if residual is not None else x.stride(0), float(eps)),
         {"HAS_BIAS": bias is not None, "BLOCK_M": _block_m(m), "BLOCK_N": block_n, "BLOCK_K": block_k,
          "USE_DOT": _block_m(m) > 1, "IEEE": x.dtype == torch.float32, "PDL": early,
          "NORM": norm is not None, "ADD": norm is not None and residual is not None, "SILU_MUL": up is not None,
-         "PREFETCH": pdl.prefetch(early), "L2_SPREAD": spread,
-         "PF_LINES": next_power_of_2(cdiv(k * weight.element_size(), 128)) if spread else 1},
+         "PREFETCH": pdl.prefetch(early)},
         num_warps=warps,
     )
 

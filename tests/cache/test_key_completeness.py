@@ -76,7 +76,6 @@ PACKAGE_ENV = {
     "ATOM_COMPILE_GROUP_OWNERS": "how many ranks compile the shared pieces, never what they compile to",
     "ATOM_COMPILE_PDL": "when our kernels start (a runtime launch option), never what they compute",
     "ATOM_COMPILE_PREFETCH": "when a recorded kernel reads its weight (a runtime launch variant), never what it computes",
-    "ATOM_COMPILE_L2_PREFETCH": "when weight bytes reach L2 (a cache hint in a runtime launch variant), never what is read",
     "ATOM_COMPILE_SPLIT_K": "which kernel a small-M op call runs (a runtime choice inside the op), not the graph",
     "ATOM_COMPILE_DISABLE_VLLM_PLUGIN": "whether vLLM's plugin hook registers anything",
     "ATOM_COMPILE_DISABLE_VLLM_PLUGIN_ATTENTION": "whether that hook registers our attention op",

@@ -181,32 +181,3 @@ def test_shapes_are_timed_with_the_weight_past_l2(monkeypatch):
         triton_linear._tuned.clear()
     assert len(read) == len(copies)  # every copy was read while timing
     torch.testing.assert_close(got.float(), torch.nn.functional.linear(x.float(), w.float()), atol=2e-2, rtol=2e-2)
-
-
-@pytest.mark.parametrize("n,k", [(2048, 2048), (2048, 8192), (1000, 130)])
-def test_the_l2_hint_changes_no_result(monkeypatch, n, k):
-    """With ATOM_COMPILE_L2_PREFETCH=1 a one-row GEMV launched with PDL asks L2 for its rows
-    before its wait (ragged K and N included); eagerly and replayed in a CUDA graph, right after
-    a kernel that rewrites the weight, it computes the same bits as without the hint."""
-    from atom_compile import envs
-    from atom_compile.ops import pdl
-
-    g = torch.Generator(device="cuda").manual_seed(n + k)
-    x = torch.randn(1, k, device="cuda", generator=g, dtype=torch.bfloat16)
-    w = torch.randn(n, k, device="cuda", generator=g, dtype=torch.bfloat16) / k ** 0.5
-    new = torch.randn(n, k, device="cuda", generator=g, dtype=torch.bfloat16) / k ** 0.5
-    plain = triton_linear.small_m_linear(x, new)
-    monkeypatch.setattr(envs, "l2_prefetch", lambda: True)
-    if pdl.enabled(x.device):
-        assert pdl.l2_prefetch_plan(True, n // 2, 2 * k * 2, x.device)[0] > 0
-    w.copy_(new)
-    assert torch.equal(triton_linear.small_m_linear(x, w), plain)
-    old = w.clone()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        w.copy_(new)  # the kernel before writes the weight the GEMV reads
-        out = triton_linear.small_m_linear(x, w)
-    w.copy_(old)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, plain)

@@ -51,24 +51,15 @@ def load_order(ptx: str) -> tuple[int, int, int]:
 
 def _linear(prefetch: bool, **extra) -> dict:
     c = dict(HAS_BIAS=False, BLOCK_M=1, BLOCK_N=2, BLOCK_K=2048, USE_DOT=False, IEEE=False, PDL=True,
-             NORM=False, ADD=False, SILU_MUL=False, PREFETCH=prefetch, L2_SPREAD=0, PF_LINES=1)
+             NORM=False, ADD=False, SILU_MUL=False, PREFETCH=prefetch)
     c.update(extra)
     return c
-
-
-def l2_hints_before(ptx: str) -> int:
-    """`prefetch.global.L2` hints before the first `griddepcontrol.wait`."""
-    lines = ptx.splitlines()
-    first = next((i for i, line in enumerate(lines) if "griddepcontrol.wait" in line), len(lines))
-    return sum("prefetch.global.L2" in line for line in lines[:first])
 
 
 VARIANTS = [
     ("gemv", _small_m_linear_kernel, _linear(False), 2),
     ("gemv+prefetch", _small_m_linear_kernel, _linear(True), 2),
     ("gemv k-loop+prefetch", _small_m_linear_kernel, _linear(True, BLOCK_K=512), 2),
-    ("gemv+l2 prefetch", _small_m_linear_kernel, _linear(False, L2_SPREAD=2, PF_LINES=32), 2),
-    ("gemv k-loop+l2 prefetch", _small_m_linear_kernel, _linear(False, BLOCK_K=4096, L2_SPREAD=2, PF_LINES=128), 4),
     ("add-norm gemv", _small_m_linear_kernel, _linear(False, NORM=True, ADD=True), 2),
     ("add-norm gemv+prefetch", _small_m_linear_kernel, _linear(True, NORM=True, ADD=True), 2),
     ("silu-mul gemv+prefetch", _small_m_linear_kernel, _linear(True, SILU_MUL=True), 2),
@@ -119,7 +110,6 @@ def main() -> None:
         kernel = compile_for_hopper(fn, constexprs, warps)
         waits, before, after = load_order(kernel.asm["ptx"])
         print(json.dumps({"name": name, "prefetch": bool(constexprs.get("PREFETCH")),
-                          "l2_hints_before": l2_hints_before(kernel.asm["ptx"]),
                           "launch_pdl": bool(getattr(kernel.metadata, "launch_pdl", False)),
                           "waits": waits, "before": before, "after": after}), flush=True)
 
