@@ -123,10 +123,11 @@ def prefetch() -> bool:
 
 
 def split_k_rows() -> bool:
-    """ATOM_COMPILE_SPLIT_K=1 runs 2-8 rows of a narrow projection on our split-K dots where
-    they time faster than the library GEMM (ops/triton_splitk.py); off by default until the
-    decode step is measured with it. A runtime choice inside the op: no compiled code changes."""
-    return _flag("ATOM_COMPILE_SPLIT_K")
+    """2-8 rows of a narrow projection run on our split-K dots where they time faster than the
+    library GEMM (ops/triton_splitk.py); ATOM_COMPILE_SPLIT_K=0 keeps the library GEMM. On by
+    default: on an H100 the decode step at batch 8 was 5-7% faster with it (BENCHMARKS.md). A
+    runtime choice inside the op: no compiled code changes."""
+    return _not_off("ATOM_COMPILE_SPLIT_K")
 
 
 def group_owners() -> int | None:

@@ -12,7 +12,7 @@ launched as one) and as
 the attention its cached keys before their PDL wait, for an A/B of the prefetch in one process;
 run it first, its twins compile with new shapes only) and as `-dots` (2-8 rows of every
 projection on the small-M kernel's padded tensor-core dots rather than cuBLAS) or `-splitk` (the split-K dots,
-ops/triton_splitk.py); and
+ops/triton_splitk.py, the default since 2026-12-06) or `-nosplitk` (cuBLAS for those); and
 `peer`, a plain-PyTorch decoder of the same dimensions (static KV, SDPA,
 benchmarks/_peer_decoder.py) under torch.compile(mode="reduce-overhead"), one compile per batch.
 Batches of 1, 8, 32 and 128 sequences, each with a 1k-token context already in the paged KV
@@ -164,8 +164,10 @@ def run_arm(name: str, batches: list[int], context: int, steps: int, block: int)
                 patches.enter_context(mock.patch.object(envs, "prefetch", lambda: True))
             if "-dots" in name:  # 2-8 rows of every projection on the padded dots, not cuBLAS
                 patches.enter_context(mock.patch.object(triton_linear, "DOT_MIN_N", 0))
-            if "-splitk" in name:  # 2-8 rows of the narrower projections on the split-K dots
+            if "-splitk" in name:  # 2-8 rows of the narrower projections on the split-K dots (the default)
                 patches.enter_context(mock.patch.object(triton_linear, "SPLIT_K_ROWS", True))
+            if "-nosplitk" in name:  # as ATOM_COMPILE_SPLIT_K=0: cuBLAS for them
+                patches.enter_context(mock.patch.object(triton_linear, "SPLIT_K_ROWS", False))
             return _run_atom(cc, batches, context, steps, block, max_seqs)
 
     cfg, model, builder, bps = build({"level": 0}, max_seqs, context, block)

@@ -95,9 +95,9 @@ def test_group_compile_switch_and_group_type(monkeypatch):
     groups.set_compile_group(None)
 
 
-def test_split_k_switch_is_off_unless_asked(monkeypatch):
+def test_split_k_switch_is_on_unless_turned_off(monkeypatch):
     monkeypatch.delenv("ATOM_COMPILE_SPLIT_K", raising=False)
-    assert envs.split_k_rows() is False
-    for value, on in (("1", True), ("true", True), ("0", False), ("off", False), ("", False)):
+    assert envs.split_k_rows() is True
+    for value, on in (("1", True), ("true", True), ("0", False), ("off", False), ("no", False), ("", True)):
         monkeypatch.setenv("ATOM_COMPILE_SPLIT_K", value)
         assert envs.split_k_rows() is on, value

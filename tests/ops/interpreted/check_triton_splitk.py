@@ -60,14 +60,14 @@ def test_the_prefetching_variant_computes_the_same(sk, monkeypatch):
         assert torch.equal(outs[0], outs[1]), config
 
 
-def test_the_entry_point_takes_it_for_few_rows_when_on(monkeypatch):
+def test_the_entry_point_takes_it_for_few_rows_unless_off(monkeypatch):
     from atom_compile.ops import triton_linear as tl_
 
     x, w, b, want = _case(4, 48, 256, bias=True)
+    monkeypatch.setenv("ATOM_COMPILE_SPLIT_K", "0")
+    assert not tl_.supported(x, w, b) and tl_.supported(x[:1], w, b)  # off: cuBLAS; one row: the GEMV either way
     monkeypatch.delenv("ATOM_COMPILE_SPLIT_K", raising=False)
-    assert not tl_.supported(x, w, b)  # off by default: cuBLAS
-    monkeypatch.setenv("ATOM_COMPILE_SPLIT_K", "1")
-    assert tl_.supported(x, w, b) and tl_.supported(x[:1], w, b)  # one row: the GEMV either way
+    assert tl_.supported(x, w, b)  # on by default
     monkeypatch.setattr(tl_, "SPLIT_K_ROWS", False)  # the module switch overrides the variable
     assert not tl_.supported(x, w, b)
     monkeypatch.setattr(tl_, "SPLIT_K_ROWS", True)
