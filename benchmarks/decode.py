@@ -266,8 +266,9 @@ def main() -> None:
     for arm in args.arms.split(","):
         t = time.perf_counter()
         times, extra = run_arm(arm, batches, args.context, args.steps, block)
-        results["arms"][arm] = {b: s * 1e3 for b, s in times.items()}
-        results["extra"][arm] = dict(extra, wall_seconds=time.perf_counter() - t)
+        label = _label(arm, results["arms"])
+        results["arms"][label] = {b: s * 1e3 for b, s in times.items()}
+        results["extra"][label] = dict(extra, wall_seconds=time.perf_counter() - t)
         pool = f"  pool {extra['pool_mib']:.0f} MiB ({extra['pool_ratio']:.2f}x largest)" \
             if extra.get("pool_ratio") else ""
         print(f"{arm:16s} " + "  ".join(f"bs{b}={s * 1e3:.3f}ms" for b, s in times.items())
@@ -308,6 +309,14 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
+
+
+def _label(arm: str, taken: dict) -> str:
+    """An arm named again (an A/B's spread) is kept as "arm (2)", "arm (3)": the goals read the first."""
+    n = 1
+    while (label := arm if n == 1 else f"{arm} ({n})") in taken:
+        n += 1
+    return label
 
 
 def _ratio(arms: dict, num: str, den: str, batches: list[int]) -> str:
