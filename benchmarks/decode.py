@@ -226,7 +226,7 @@ def run_peer(batches: list[int], context: int, steps: int) -> dict:
         pos = torch.full((b,), context, device="cuda")
         with torch.inference_mode():
             out[b] = median_step(lambda: forward(ids, pos), steps)
-        del model, forward
+        model = forward = None  # freed before the next batch compiles its own
         torch._dynamo.reset()
         torch.cuda.empty_cache()
     return out
