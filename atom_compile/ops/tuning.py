@@ -55,8 +55,9 @@ def past_l2(weight: torch.Tensor) -> list[torch.Tensor]:
     l2 = getattr(torch.cuda.get_device_properties(weight.device), "L2_cache_size", 0) or (50 << 20)
     nbytes = max(1, weight.numel() * weight.element_size())
     copies = min(MAX_COPIES, -(-2 * l2 // nbytes) - 1)
-    try:
-        return [weight, *(weight.clone() for _ in range(max(0, copies)))]
+    try:  # with the weight's strides (a slice of a merged weight keeps its row stride)
+        return [weight, *(torch.empty_strided(weight.shape, weight.stride(), dtype=weight.dtype,
+                                              device=weight.device).copy_(weight) for _ in range(max(0, copies)))]
     except torch.cuda.OutOfMemoryError:  # a device filled by its KV cache: time in L2 rather than fail
         logger.info("atom-compile: no memory for %d copies of a %d-byte weight; its shapes are timed on "
                     "the one weight, which L2 may hold", copies, nbytes)
