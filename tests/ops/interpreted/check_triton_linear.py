@@ -39,7 +39,7 @@ def test_every_block_shape_matches_linear(tri, m):
         torch.testing.assert_close(out.float(), want, atol=2e-3, rtol=2e-3, msg=f"config {config}")
 
 
-def test_entry_point_and_supported(tri):
+def test_entry_point_and_supported(tri, monkeypatch):
     x, w, b, want = _case(4, 33, 64, bias=True)
     torch.testing.assert_close(tri.small_m_linear(x, w, b).float(), want, atol=2e-3, rtol=2e-3)
     assert tri.supported(x[:1], w, b)  # one row: the GEMV
@@ -47,7 +47,10 @@ def test_entry_point_and_supported(tri):
         x1, w1, b1, want1 = _case(1, 33, k, bias=True, seed=k)
         assert tri.gemv_config(k)[1] <= max(16, 1 << (k - 1).bit_length())
         torch.testing.assert_close(tri.small_m_linear(x1, w1, b1).float(), want1, atol=1e-2, rtol=1e-2)
-    assert not tri.supported(x, w, b)  # 4 rows of a narrow layer: cuBLAS was faster
+    monkeypatch.delenv("ATOM_COMPILE_SPLIT_K", raising=False)
+    assert tri.supported(x, w, b)  # 4 rows of a narrow layer: the split-K dots (or cuBLAS, as timed)
+    monkeypatch.setattr(tri, "SPLIT_K_ROWS", False)
+    assert not tri.supported(x, w, b)  # ... and cuBLAS with them off
     wide = torch.zeros(tri.DOT_MIN_N, 64, dtype=x.dtype)
     assert tri.supported(x, wide, None)  # 4 rows of an LM-head-wide layer: the padded dots
     assert not tri.supported(x.float(), w.float(), None)  # fp32 stays with F.linear
