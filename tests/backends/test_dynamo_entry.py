@@ -12,6 +12,7 @@ import torch
 
 from atom_compile import ConfigError, compilation_counter
 from atom_compile.backends.dynamo_entry import atom_backend, config_from_options
+from support.isa import seeded
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,7 +64,8 @@ def test_a_process_that_only_imports_torch_uses_backend_atom(tmp_path):
         assert atom_compile.compilation_counter.num_inductor_compiles == 1
         print("ok")
     """)
-    env = dict(os.environ, ATOM_COMPILE_CACHE_ROOT=str(tmp_path / "cache"))
+    # the root holds the session's CPU ISA answer (tests/support/isa.py): the entry point is the subject
+    env = dict(os.environ, ATOM_COMPILE_CACHE_ROOT=str(seeded(tmp_path / "cache")))
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().endswith("ok")

@@ -15,6 +15,7 @@ from atom_compile.backends import graph_partition
 from atom_compile.cache import inventory
 from atom_compile.cli import output
 from support import _job
+from support.isa import seeded
 from support.jobs import run_job
 
 pytestmark = pytest.mark.skipif(
@@ -66,7 +67,7 @@ def partition_reasons(monkeypatch):
 
 def test_llama_matches_eager_and_a_second_process_compiles_nothing(tmp_path, monkeypatch, capsys, partition_reasons):
     """The cold start in this process (Inductor watched), the warm one in a fresh process."""
-    root = str(tmp_path / "cache")
+    root = str(seeded(tmp_path / "cache"))  # the session's CPU ISA answer: the warm process takes it
     args = ("--cache-root", root, "--layers", "1", "--graph-partition")
     monkeypatch.setattr(sys, "argv", ["_job.py", *args])
     before = compilation_counter.clone()

@@ -4,7 +4,10 @@ argv: PRISTINE_ROOT WORK_DIR N SEED. PRISTINE_ROOT holds the tiny Llama's cache 
 or is empty: then the first start here compiles it. Each round copies it, damages one file, runs
 the tiny Llama (a start), then runs it again (the next start), clearing Dynamo's and Inductor's
 in-memory caches and atom-compile's warn-once memory before each start, so each behaves as a
-fresh process would. Prints one JSON report.
+fresh process would. Round i damages in the way KINDS[i % 6] (every kind as often as the next), a
+file the seed picks. Prints one JSON report; bad_rounds(report) lists the rounds that went wrong.
+
+tests/cache/test_trust.py runs a few rounds; benchmarks/cache_damage_sweep.py runs the long sweep.
 """
 
 import hashlib
@@ -55,6 +58,24 @@ def damage(path: Path, kind: str, rng: random.Random, outside: Path) -> None:
         target.write_bytes(data)
         path.unlink()
         path.symlink_to(target)
+
+
+def bad_rounds(report: dict) -> list[tuple]:
+    """The rounds whose first start did not name the damage once (a deleted entry point is
+    indistinguishable from one never written: no warning is due) and answer bit-identically, or
+    whose next start warned, compiled, answered otherwise or found the cache not whole again."""
+    bad = []
+    for r in report["rounds"]:
+        first, second = r["first"], r["second"]
+        warnings = first["log"].strip().splitlines()
+        expected = 0 if (r["kind"] == "delete" and r["path"].startswith("torch_compile_cache/entrypoints")) else 1
+        ok = (first["sha"] == report["expected"] and len(warnings) == expected
+              and second["sha"] == report["expected"] and not second["log"]
+              and second["counters"]["num_inductor_compiles"] == 0 and not second["complete"]["damage"]
+              and not second["complete"]["missing"])
+        if not ok:
+            bad.append((r["kind"], r["path"], warnings, second["log"], second["counters"], second["complete"]))
+    return bad
 
 
 def main() -> None:
@@ -133,7 +154,7 @@ def main() -> None:
         outside.mkdir()
         files = candidates(root)
         path = rng.choice(files)
-        kind = rng.choice(KINDS)
+        kind = KINDS[i % len(KINDS)]
         damage(path, kind, rng, outside)
         first = start(root)
         second = start(root)

@@ -17,6 +17,7 @@ import atom_compile as ac
 from atom_compile.backends import aot
 from atom_compile.cache import keys
 from atom_compile.cache.store import parse_index
+from support.isa import seeded
 from support.jobs import run_job
 
 TOL = 1e-4
@@ -34,8 +35,10 @@ def _artifact(root: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def cold(tmp_path_factory) -> tuple[Path, dict]:
-    """A cache made by one cold run (the tiny Llama at level 3), copied by destructive tests."""
-    root = tmp_path_factory.mktemp("warmed") / "root"
+    """A cache made by one cold run (the tiny Llama at level 3), copied by destructive tests.
+    Its root starts with the session's CPU ISA answer (support/isa.py): the probe is not the
+    subject here."""
+    root = seeded(tmp_path_factory.mktemp("warmed") / "root")
     report = run_job("--cache-root", str(root))
     assert report["counters"]["num_inductor_compiles"] == 3
     assert report["max_abs_err"] < TOL
@@ -77,7 +80,7 @@ def test_cold_then_warm_compiles_nothing_and_is_bit_identical(cold, tmp_path):
 
 
 def test_plain_torch_compile_second_process_loads(tmp_path):
-    root = tmp_path / "root"
+    root = seeded(tmp_path / "root")
     first = run_job("--cache-root", str(root), "--plain")
     second = run_job("--cache-root", str(root), "--plain")
     assert first["counters"]["num_inductor_compiles"] == 3
@@ -88,7 +91,7 @@ def test_plain_torch_compile_second_process_loads(tmp_path):
 
 
 def test_four_processes_warm_one_empty_cache(tmp_path):
-    root = tmp_path / "root"
+    root = seeded(tmp_path / "root")  # empty of compiled pieces: the ISA probe is not what races
     with ThreadPoolExecutor(4) as pool:
         reports = list(pool.map(lambda _: run_job("--cache-root", str(root)), range(4)))
     assert all(r["max_abs_err"] < TOL for r in reports)

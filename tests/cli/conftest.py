@@ -1,5 +1,6 @@
 """Shared fixtures of the CLI tests: one cold `warm` (the tiny Llama, 2 layers, compile size 4)
-per session makes the cache every test reads; destructive tests work on a copy.
+per session makes the cache every test reads; destructive tests work on a copy. New roots start
+with the session's CPU ISA answer (tests/support/isa.py): the probe is not what the CLI shows.
 
 `pytest --update-golden` (or ATOM_UPDATE_GOLDEN=1) rewrites tests/cli/golden/ from this run.
 """
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import MODEL, SIZES, run
+from support.isa import seeded
 
 
 def pytest_addoption(parser):
@@ -40,7 +42,7 @@ def env(tmp_path_factory) -> dict:
 @pytest.fixture(scope="session")
 def warmed(env, tmp_path_factory) -> dict:
     """One cold warm into a fresh root; its JSON report plus the root."""
-    root = tmp_path_factory.mktemp("warmed") / "root"
+    root = seeded(tmp_path_factory.mktemp("warmed") / "root")
     proc = run(env, "warm", *MODEL, *SIZES, "--cache-root", str(root), "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
@@ -58,7 +60,7 @@ def imported(env, warmed, tmp_path_factory) -> dict:
     archive, fresh = base / "cache.tar.gz", base / "fresh"
     exported = run(env, "export", warmed["hash"], "-o", str(archive), "--cache-root", str(warmed["root"]))
     assert exported.returncode == 0, exported.stderr
-    placed = run(env, "import", str(archive), "--cache-root", str(fresh))
+    placed = run(env, "import", str(archive), "--cache-root", str(seeded(fresh)))
     assert placed.returncode == 0, placed.stderr
     warm = run(env, "warm", *MODEL, *SIZES, "--cache-root", str(fresh))
     assert warm.returncode == 0, warm.stderr

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import MODEL, SIZES, copy_root, one_line_error, our_lines, run
+from support.isa import seeded
 
 
 def test_cold_warm_compiles_every_piece_for_every_shape(warmed):
@@ -90,13 +91,14 @@ def test_warm_a_factory_model(env, tmp_path):
             assert config.compilation_config.level == 2
             return Net(), lambda n: (torch.randn(n, 8),)
     """))
-    proc = run(env, "warm", "cli_factory_model:build", "--level", "2", "--cache-root", str(tmp_path / "root"),
+    root = seeded(tmp_path / "root")  # the session's CPU ISA answer (tests/support/isa.py)
+    proc = run(env, "warm", "cli_factory_model:build", "--level", "2", "--cache-root", str(root),
                "--json", cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["compiled"] == 1 and report["pieces"] == 1
     assert report["caches"][0]["prefixes"] == ["Net"]
-    missing = run(env, "warm", "cli_factory_model:nope", "--cache-root", str(tmp_path / "root"), cwd=str(tmp_path))
+    missing = run(env, "warm", "cli_factory_model:nope", "--cache-root", str(root), cwd=str(tmp_path))
     assert "no attribute" in one_line_error(missing, 2)
 
 

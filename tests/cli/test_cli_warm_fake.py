@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import MODEL, SIZES, run
+from support.isa import seeded
 
 
 def _entries(root: Path, cache_hash: str) -> set[tuple]:
@@ -22,7 +23,7 @@ def _entries(root: Path, cache_hash: str) -> set[tuple]:
 
 @pytest.fixture(scope="module")
 def fake_warmed(env, tmp_path_factory) -> dict:
-    root = tmp_path_factory.mktemp("fake") / "root"
+    root = seeded(tmp_path_factory.mktemp("fake") / "root")  # the session's CPU ISA answer
     proc = run(env, "warm", *MODEL, *SIZES, "--fake-weights", "--cache-root", str(root), "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
@@ -142,7 +143,7 @@ def stray(config):
 
 def test_factory_fake_warm_then_real_warm_compiles_nothing(env, tmp_path):
     (tmp_path / "fakemodels.py").write_text(FACTORY)
-    root = str(tmp_path / "root")
+    root = str(seeded(tmp_path / "root"))  # the session's CPU ISA answer
     opts = ["--level", "2", "--cache-root", root, "--json"]
     fake = run(env, "warm", "fakemodels:build", "--fake-weights", *opts, cwd=str(tmp_path))
     assert fake.returncode == 0, fake.stderr

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from support.isa import seeded
+
 JOB = Path(__file__).with_name("_tp_job.py")
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,7 +24,11 @@ def env(**extra: str) -> dict:
 
 
 def start_rank(tmp: Path, cache_root: Path, name: str, *args: str, extra_env: dict | None = None) -> subprocess.Popen:
-    """One process of _tp_job.py whose report goes to `tmp/<name>.json`, stderr to `<name>.err`."""
+    """One process of _tp_job.py whose report goes to `tmp/<name>.json`, stderr to `<name>.err`.
+    A root no process has used starts with the session's CPU ISA answer (support/isa.py): what
+    these tests check is the compile and its agreement, not the probe."""
+    if not cache_root.exists():
+        seeded(cache_root)
     err = open(tmp / f"{name}.err", "w")
     cmd = [sys.executable, str(JOB), "--cache-root", str(cache_root), "--out", str(tmp / f"{name}.json"), *args]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env(**(extra_env or {})))

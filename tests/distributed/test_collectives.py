@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from support.isa import seeded
+
 from .helpers import env
 
 JOB = Path(__file__).with_name("_collectives_job.py")
@@ -14,6 +16,7 @@ JOB = Path(__file__).with_name("_collectives_job.py")
 
 def test_collectives_at_every_level(tmp_path):
     init = f"file://{tmp_path / 'init'}"
+    seeded(tmp_path / "cache")  # the session's CPU ISA answer (support/isa.py): the probe is not the subject
     procs = [subprocess.Popen([sys.executable, str(JOB), str(r), "2", init, str(tmp_path / "cache"),
                                str(tmp_path / f"{r}.json")], stderr=subprocess.PIPE, text=True, env=env())
              for r in range(2)]

@@ -19,6 +19,8 @@ import pytest
 
 from atom_compile.backends.group_compile import COST_PER_OWNER, LOCK_GRACE_S, assign_owners, owner_count
 
+from support.isa import seeded
+
 from .helpers import JOB, cli, env, finish, start_group, total
 
 TOL = 1e-5
@@ -67,6 +69,8 @@ def test_owner_count_follows_the_work_unless_set():
 
 def _torchrun(tmp_path, name: str, cache_root, *extra: str, owners: str = "auto") -> list[dict]:
     out = tmp_path / f"{name}-{{rank}}.json"
+    if not cache_root.exists():
+        seeded(cache_root)  # the session's CPU ISA answer (support/isa.py): the probe is not the subject
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(JOB),
            "--cache-root", str(cache_root), "--out", str(out), "--layers", "1", *extra]
     run_env = env(OMP_NUM_THREADS="1", ATOM_COMPILE_GROUP_OWNERS=owners)
@@ -80,6 +84,7 @@ def _torchrun(tmp_path, name: str, cache_root, *extra: str, owners: str = "auto"
                       f"stderr tail:\n{proc.stderr[-3000:]}")
         if name == "cold":
             shutil.rmtree(cache_root, ignore_errors=True)
+            seeded(cache_root)
         proc = subprocess.run(cmd, capture_output=True, text=True, env=run_env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return [json.loads((tmp_path / f"{name}-{r}.json").read_text()) for r in range(2)]
