@@ -26,30 +26,15 @@ import statistics
 
 import torch
 import triton
-import triton.language as tl
-
-from atom_compile.ops.pdl import wait_then_release
 
 HIDDEN = 2048  # the row the small kernels normalise (Llama-3.2-1B's hidden size)
 SHAPES = {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192)}
 
 
-@triton.jit
-def _add_norm_kernel(x_ptr, r_ptr, h_ptr, y_ptr, w_ptr, n, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    if PDL:
-        wait_then_release()
-    offs = tl.arange(0, BLOCK)
-    mask = offs < n
-    h = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32) + tl.load(r_ptr + offs, mask=mask, other=0.0)
-    tl.store(h_ptr + offs, h.to(h_ptr.dtype.element_ty), mask=mask)
-    y = h * tl.rsqrt(tl.sum(h * h, axis=0) / n + eps) * tl.load(w_ptr + offs, mask=mask, other=0.0)
-    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
-
-
 def _chain(shape: tuple[int, int], n: int, tiny: int, gemv: bool):
-    """A function launching the chain, and the buffers it keeps alive."""
-    from atom_compile.ops import pdl, triton_linear
-    from atom_compile.ops.triton_launch import FastLaunch, next_power_of_2
+    """A function launching the chain, and the buffers it keeps alive. The small kernel is the
+    package's add+RMSNorm (ops/triton_rowwise.py), launched with PDL where the GPU has it."""
+    from atom_compile.ops import triton_linear, triton_rowwise
 
     rows, k = shape
     dev = torch.device("cuda")
@@ -58,14 +43,6 @@ def _chain(shape: tuple[int, int], n: int, tiny: int, gemv: bool):
     residual = torch.randn(1, HIDDEN, device=dev, dtype=torch.bfloat16)
     x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
     hidden = torch.randn(1, HIDDEN, device=dev, dtype=torch.bfloat16)
-    launch = FastLaunch(_add_norm_kernel)
-    early = pdl.enabled(dev)
-
-    def norm(v: torch.Tensor) -> torch.Tensor:
-        h, y = torch.empty_like(v), torch.empty_like(v)
-        launch((1, 1, 1), (v, residual, h, y, norm_w, HIDDEN, 1e-6), {"BLOCK": next_power_of_2(HIDDEN), "PDL": early},
-               num_warps=8)
-        return y
 
     # with PDL each kernel waits for the one before whatever it reads, so the GEMVs all read x
     # and the small kernels a row of their own: the chain is the launch order, as in a step
@@ -75,7 +52,7 @@ def _chain(shape: tuple[int, int], n: int, tiny: int, gemv: bool):
             if gemv:
                 triton_linear.small_m_linear(x, weights[i])
             for _ in range(tiny):
-                v = norm(v)
+                v = triton_rowwise.add_rms_norm(v, residual, norm_w, 1e-6)[0]
 
     return run, (weights, norm_w, residual, x, hidden)
 

@@ -21,6 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+from atom_compile.backends.cpu_isa import ANSWER_FILE
+
 REPO = Path(__file__).resolve().parents[2]
 _ANSWER: dict[str, Optional[bytes]] = {}
 _PROBE = "import sys\nfrom atom_compile.backends import inductor\ninductor.prime_cpu_isa(sys.argv[1], None)\n"
@@ -38,7 +40,7 @@ def session_answer() -> Optional[bytes]:
             proc = subprocess.run([sys.executable, "-c", _PROBE, str(directory)], capture_output=True, text=True,
                                   env=env, timeout=300)
             assert proc.returncode == 0, proc.stderr[-3000:]
-            answer = directory / "answer.json"
+            answer = directory / ANSWER_FILE
             _ANSWER["answer"] = answer.read_bytes() if answer.is_file() else None
     return _ANSWER["answer"]
 
@@ -53,7 +55,7 @@ def seeded(root: Path) -> Path:
 
     probe = Path(root) / "torch_compile_cache" / "isa_probe"
     make_private_dirs(Path(root), probe)
-    target = probe / "answer.json"
+    target = probe / ANSWER_FILE
     target.write_bytes(answer)
     os.chmod(target, 0o600)
     return Path(root)
