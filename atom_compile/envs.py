@@ -114,12 +114,29 @@ def pdl() -> bool:
     return _not_off("ATOM_COMPILE_PDL")
 
 
-def prefetch() -> bool:
-    """ATOM_COMPILE_PREFETCH=1 makes our decode kernels recorded in a CUDA graph with PDL read
-    their weight (or cached keys) before waiting for the kernel before (ops/pdl.py prefetch).
-    Off by default: on an H100 the decode step was 1-2% faster without it, and each kernel's
-    prefetching twin costs a compile. It changes when a read happens, never what is computed."""
-    return _flag("ATOM_COMPILE_PREFETCH")
+PREFETCH_KINDS = ("linear", "attention")
+
+
+def prefetch(kind: str | None = None) -> bool:
+    """ATOM_COMPILE_PREFETCH makes our decode kernels recorded in a CUDA graph with PDL read
+    what the kernel before cannot write before waiting for it (ops/pdl.py prefetch): `1` for
+    every kernel, or a comma list of kinds: `linear` (a projection's weight) and `attention`
+    (the step's metadata and the first tile of cached keys). `kind` None: whether any kind is
+    on. Off by default: on an H100 the decode step was 1-2% faster without the projections',
+    and each prefetching twin costs a compile. It changes when a read happens, never what is
+    computed."""
+    raw = os.environ.get("ATOM_COMPILE_PREFETCH", "").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    if raw in _TRUE or raw == "all":
+        return True
+    kinds = {part.strip() for part in raw.split(",") if part.strip()}
+    if not kinds <= set(PREFETCH_KINDS):
+        from .errors import AtomValueError
+
+        raise AtomValueError(f"ATOM_COMPILE_PREFETCH: got {raw!r}; allowed: 0, 1, or a comma list of "
+                             f"{', '.join(PREFETCH_KINDS)}")
+    return kind is None or kind in kinds
 
 
 def split_k_rows() -> bool:
@@ -230,6 +247,7 @@ class Environment:
 
 def read(cache_dir: str = "") -> Environment:
     """Read every variable once; `cache_dir` (the config's) wins over the environment's root."""
+    prefetch()  # launch-time switches are read at launch; a bad value fails here, at the entry point
     return Environment(
         cache_root=None if cache_disabled() else cache_root(cache_dir),
         check_inputs=check_inputs(),

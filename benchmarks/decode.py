@@ -10,7 +10,8 @@ TR_HYBRID, each also as `-sizes` (compile_sizes = the batches <= 8: per-size pie
 launched as one) and as
 `-prefetch` (ATOM_COMPILE_PREFETCH=1: graphs recorded with the GEMV reading its weight and
 the attention its cached keys before their PDL wait, for an A/B of the prefetch in one process;
-run it first, its twins compile with new shapes only) and as `-dots` (2-8 rows of every
+run it first, its twins compile with new shapes only) or `-attnpf` (ATOM_COMPILE_PREFETCH=attention:
+the attention's reads only) and as `-dots` (2-8 rows of every
 projection on the small-M kernel's padded tensor-core dots rather than cuBLAS) or `-splitk` (the split-K dots,
 ops/triton_splitk.py, the default since 2026-12-06) or `-nosplitk` (cuBLAS for those); and
 `peer`, a plain-PyTorch decoder of the same dimensions (static KV, SDPA,
@@ -161,7 +162,9 @@ def run_arm(name: str, batches: list[int], context: int, steps: int, block: int)
             from atom_compile import envs
             from atom_compile.ops import triton_linear
             if "-prefetch" in name:  # as ATOM_COMPILE_PREFETCH=1 (its twins compiled with new shapes only)
-                patches.enter_context(mock.patch.object(envs, "prefetch", lambda: True))
+                patches.enter_context(mock.patch.object(envs, "prefetch", lambda kind=None: True))
+            if "-attnpf" in name:  # as ATOM_COMPILE_PREFETCH=attention: the attention's reads only
+                patches.enter_context(mock.patch.object(envs, "prefetch", lambda kind=None: kind in (None, "attention")))
             if "-dots" in name:  # 2-8 rows of every projection on the padded dots, not cuBLAS
                 patches.enter_context(mock.patch.object(triton_linear, "DOT_MIN_N", 0))
             if "-splitk" in name:  # 2-8 rows of the narrower projections on the split-K dots (the default)

@@ -101,3 +101,19 @@ def test_split_k_switch_is_on_unless_turned_off(monkeypatch):
     for value, on in (("1", True), ("true", True), ("0", False), ("off", False), ("no", False), ("", True)):
         monkeypatch.setenv("ATOM_COMPILE_SPLIT_K", value)
         assert envs.split_k_rows() is on, value
+
+
+def test_prefetch_is_off_all_or_a_list_of_kinds(monkeypatch):
+    monkeypatch.delenv("ATOM_COMPILE_PREFETCH", raising=False)
+    assert not envs.prefetch() and not envs.prefetch("linear") and not envs.prefetch("attention")
+    for raw, linear, attention in (("1", True, True), ("all", True, True), ("0", False, False),
+                                   ("attention", False, True), (" Linear ", True, False),
+                                   ("attention,linear", True, True)):
+        monkeypatch.setenv("ATOM_COMPILE_PREFETCH", raw)
+        assert (envs.prefetch("linear"), envs.prefetch("attention")) == (linear, attention), raw
+        assert envs.prefetch() is (linear or attention), raw
+        envs.read()
+    for bad in ("attn", "linear,norm", "2"):
+        monkeypatch.setenv("ATOM_COMPILE_PREFETCH", bad)
+        with pytest.raises(ac.AtomCompileError, match="ATOM_COMPILE_PREFETCH: got .*allowed: 0, 1, or a comma list"):
+            envs.read()

@@ -69,19 +69,21 @@ def enabled(device: torch.device) -> bool:
     return _device_can(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def prefetch(early: bool) -> bool:
-    """Whether a kernel launched early (`early`: PDL) may read its constant operands (a weight,
-    the KV cache's earlier keys) before its wait: only with ATOM_COMPILE_PREFETCH=1 and inside a
-    CUDA-graph capture, where what is recorded is a model's forward (those operands only read,
-    the writes before a replay finished before the graph starts). Eagerly the kernel just
-    before may have written them."""
-    return early and envs.prefetch() and torch.cuda.is_current_stream_capturing()
+def prefetch(early: bool, kind: str) -> bool:
+    """Whether a kernel of `kind` (envs.PREFETCH_KINDS) launched early (`early`: PDL) may read
+    its constant operands (a weight, the KV cache's earlier keys) before its wait: only where
+    ATOM_COMPILE_PREFETCH names that kind and inside a CUDA-graph capture, where what is
+    recorded is a model's forward (those operands only read, the writes before a replay
+    finished before the graph starts). Eagerly the kernel just before may have written them."""
+    return early and envs.prefetch(kind) and torch.cuda.is_current_stream_capturing()
 
 
-def prefetch_twins(constexprs: dict) -> list[dict]:
-    """The prefetching variant of a PDL launch's specialisation, to compile beside it (nothing
-    may compile inside a capture), where prefetching is on; else none."""
-    if constexprs["PDL"] and not constexprs["PREFETCH"] and envs.prefetch():
-        return [{**constexprs, "PREFETCH": True}]
-    return []
-
+def prefetch_twins(kind: str):
+    """For a launcher of `kind`: constexprs -> the prefetching variant of a PDL launch's
+    specialisation, to compile beside it (nothing may compile inside a capture), where
+    prefetching is on for that kind; else none."""
+    def twins(constexprs: dict) -> list[dict]:
+        if constexprs["PDL"] and not constexprs["PREFETCH"] and envs.prefetch(kind):
+            return [{**constexprs, "PREFETCH": True}]
+        return []
+    return twins

@@ -79,7 +79,8 @@ class _Plan:
 _plans: dict[tuple, _Plan] = {}
 # the prefetching twin of a decode launch with PDL, where prefetching is on, is compiled beside it
 # (nothing compiles in a capture)
-_attention_launch = FastLaunch(_attention_kernel, twins=lambda c: pdl.prefetch_twins(c) if c["WRITE_KV"] else [])
+_attention_twins = pdl.prefetch_twins("attention")
+_attention_launch = FastLaunch(_attention_kernel, twins=lambda c: _attention_twins(c) if c["WRITE_KV"] else [])
 
 
 def _spans(capacity: int, groups: int, device: torch.device, tuning: Tuning) -> tuple[int, int]:
@@ -156,7 +157,7 @@ def _attention_launch_args(query, k_cache, v_cache, output, meta, scale: float, 
         {"GROUP": plan.group, "G_PAD": plan.g_pad, "BLOCK_SIZE": block_size, "BLOCK_N": plan.block_n,
          "HEAD_DIM": head_dim, "D_PAD": plan.d_pad, "S_PAD": plan.s_pad, "IEEE": k_cache.dtype == torch.float32,
          "WRITE_KV": new_kv is not None, "PDL": early,
-         "PREFETCH": new_kv is not None and pdl.prefetch(early)},
+         "PREFETCH": new_kv is not None and pdl.prefetch(early, "attention")},
         plan.num_warps,
     )
 

@@ -28,28 +28,32 @@ def _store_heads(out_ptr, row, heads, offs_d, g_mask, d_mask, stride_ot, stride_
 
 
 @triton.jit
-def _write_own_kv(k_ptr, v_ptr, new_k_ptr, new_v_ptr, slot_ptr, row, kv_head, offs_d, d_mask,
-                  stride_nkt, stride_nkh, stride_nvt, stride_nvh, stride_kb, stride_ks, stride_kh,
+def _own_kv(new_k_ptr, new_v_ptr, slot_ptr, row, kv_head, offs_d, d_mask, own, stride_nkt, stride_nkh, stride_nvt,
+            stride_nvh):
+    # the row's new key and value (the step's inputs) and its cache slot, read where `own`
+    # (this program holds the row's own key); slot -1 elsewhere
+    k = tl.load(new_k_ptr + row * stride_nkt + kv_head * stride_nkh + offs_d, mask=d_mask & own, other=0.0)
+    v = tl.load(new_v_ptr + row * stride_nvt + kv_head * stride_nvh + offs_d, mask=d_mask & own, other=0.0)
+    slot = tl.load(slot_ptr + row, mask=own, other=-1)
+    return k, v, slot.to(tl.int64)
+
+
+@triton.jit
+def _store_own_kv(k_ptr, v_ptr, k, v, slot, kv_head, offs_d, d_mask, stride_kb, stride_ks, stride_kh,
                   BLOCK_SIZE: tl.constexpr):
     # the row's new key and value into its cache slot (padding rows, slot -1, write nothing)
-    slot = tl.load(slot_ptr + row).to(tl.int64)
     if slot >= 0:
-        k = tl.load(new_k_ptr + row * stride_nkt + kv_head * stride_nkh + offs_d, mask=d_mask)
-        v = tl.load(new_v_ptr + row * stride_nvt + kv_head * stride_nvh + offs_d, mask=d_mask)
         dst = (slot // BLOCK_SIZE) * stride_kb + (slot % BLOCK_SIZE) * stride_ks + kv_head * stride_kh + offs_d
         tl.store(k_ptr + dst, k.to(k_ptr.dtype.element_ty), mask=d_mask)
         tl.store(v_ptr + dst, v.to(v_ptr.dtype.element_ty), mask=d_mask)
 
 
 @triton.jit
-def _attend_own_key(q, k_ptr, v_ptr, new_k_ptr, new_v_ptr, row, kv_head, offs_d, d_mask,
-                    stride_nkt, stride_nkh, stride_nvt, stride_nvh, m_i, l_i, acc):
-    # the online-softmax step for the row's own key, read from the step's key and value (as
-    # the cache will hold them) rather than from the cache another program is writing
-    k = tl.load(new_k_ptr + row * stride_nkt + kv_head * stride_nkh + offs_d, mask=d_mask, other=0.0)
-    v = tl.load(new_v_ptr + row * stride_nvt + kv_head * stride_nvh + offs_d, mask=d_mask, other=0.0)
-    k = k.to(k_ptr.dtype.element_ty).to(tl.float32)
-    v = v.to(v_ptr.dtype.element_ty).to(tl.float32)
+def _attend_own_key(q, k, v, m_i, l_i, acc, dtype: tl.constexpr):
+    # the online-softmax step for the row's own key, from the step's key and value rounded as
+    # the cache will hold them (no program reads that slot of the cache while this one writes it)
+    k = k.to(dtype).to(tl.float32)
+    v = v.to(dtype).to(tl.float32)
     s = tl.sum(q.to(tl.float32) * k[None, :], axis=1)  # [G_PAD]
     m_new = tl.maximum(m_i, s)
     p = tl.exp(s - m_new)
@@ -149,7 +153,8 @@ def _merge_partials(acc_ptr, ml_ptr, out_ptr, row, num_heads, kv_head, num_split
 # One program: one query row, one KV head with ALL its group's query heads (GQA: keys and values
 # read once), one span of the context; heads padded to G_PAD >= 16 rows for tensor-core dots.
 # WRITE_KV (decode steps, one row per sequence): the row's own key and value, new this step, are
-# written to the cache by span 0 and attended from the inputs by the span holding them.
+# read from the inputs by the span holding them, attended and written to the cache by it (no
+# program reads that slot: the others read the cache's keys [0, pos) only).
 # PREFETCH (PDL and WRITE_KV, in a CUDA graph: ops/pdl.py prefetch): the step's metadata and the
 # span's first tile of cached keys and values are read before the wait, while the kernel before
 # runs; nothing that kernel writes (the query, the new key and value) is.
@@ -174,6 +179,7 @@ def _attention_kernel(
     d_mask = offs_d < HEAD_DIM
     g_mask = offs_g < GROUP
     pos = tl.load(query_pos_ptr + row)
+    seq = tl.load(token_seq_ptr + row)  # beside pos: the two loads in flight together
     n_keys = tl.maximum(pos + 1, 0)  # padding rows (position -1) see no key
     active = tl.maximum(tl.cdiv(n_keys, keys_per_split), 1)  # spans this row's length covers
     if span < active:
@@ -183,17 +189,15 @@ def _attention_kernel(
             cached_end = tl.minimum(last, pos)  # the cache holds keys [0, pos); key pos is new
         else:
             cached_end = last
-        seq = tl.load(token_seq_ptr + row)
         if PREFETCH:
             k0, v0, n0 = _kv_tile(k_ptr, v_ptr, tables_ptr, seq, kv_head, first, cached_end, offs_d, d_mask,
                                   stride_kb, stride_ks, stride_kh, stride_bt, BLOCK_SIZE, BLOCK_N)
             if PDL:
                 wait_then_release()
-        if WRITE_KV:
-            if span == 0:
-                _write_own_kv(k_ptr, v_ptr, new_k_ptr, new_v_ptr, slot_ptr, row, kv_head, offs_d, d_mask,
-                              stride_nkt, stride_nkh, stride_nvt, stride_nvh, stride_kb, stride_ks, stride_kh,
-                              BLOCK_SIZE)
+        if WRITE_KV:  # the span holding the row's own key reads it with the query, not after a branch
+            own = (pos >= first) & (pos < last)
+            new_k, new_v, slot = _own_kv(new_k_ptr, new_v_ptr, slot_ptr, row, kv_head, offs_d, d_mask, own,
+                                         stride_nkt, stride_nkh, stride_nvt, stride_nvh)
         heads = kv_head * GROUP + offs_g
         q = _scaled_query(q_ptr, row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                           g_mask[:, None] & d_mask[None, :], scale, k_ptr.dtype.element_ty)
@@ -209,9 +213,10 @@ def _attention_kernel(
                                       stride_kb, stride_ks, stride_kh, stride_bt, m_i, l_i, acc,
                                       BLOCK_SIZE, BLOCK_N, IEEE)
         if WRITE_KV:
-            if (pos >= first) & (pos < last):
-                m_i, l_i, acc = _attend_own_key(q, k_ptr, v_ptr, new_k_ptr, new_v_ptr, row, kv_head, offs_d, d_mask,
-                                                stride_nkt, stride_nkh, stride_nvt, stride_nvh, m_i, l_i, acc)
+            if own:
+                m_i, l_i, acc = _attend_own_key(q, new_k, new_v, m_i, l_i, acc, k_ptr.dtype.element_ty)
+                _store_own_kv(k_ptr, v_ptr, new_k, new_v, slot, kv_head, offs_d, d_mask, stride_kb, stride_ks,
+                              stride_kh, BLOCK_SIZE)
         _finish_span(out_ptr, acc_ptr, tickets_ptr, row, heads, kv_head, span, active, num_heads, num_kv_heads,
                      num_splits, ml_offset, offs_d, g_mask, d_mask, stride_ot, stride_oh, m_i, l_i, acc,
                      GROUP, S_PAD, D_PAD)

@@ -134,7 +134,7 @@ def _small_m_linear_kernel(
 
 # with PDL and ATOM_COMPILE_PREFETCH=1, the prefetching twin of each specialisation is compiled
 # beside it (outside the capture that will launch it: nothing compiles while a graph records)
-_linear_launch = FastLaunch(_small_m_linear_kernel, twins=pdl.prefetch_twins)
+_linear_launch = FastLaunch(_small_m_linear_kernel, twins=pdl.prefetch_twins("linear"))
 
 
 def _block_m(m: int) -> int:
@@ -171,7 +171,7 @@ def _launch(x, weight, bias, out, config, norm=None, up=None) -> None:
         {"HAS_BIAS": bias is not None, "BLOCK_M": _block_m(m), "BLOCK_N": block_n, "BLOCK_K": block_k,
          "USE_DOT": _block_m(m) > 1, "IEEE": x.dtype == torch.float32, "PDL": early,
          "NORM": norm is not None, "ADD": norm is not None and residual is not None, "SILU_MUL": up is not None,
-         "PREFETCH": pdl.prefetch(early)},
+         "PREFETCH": pdl.prefetch(early, "linear")},
         num_warps=warps,
     )
 

@@ -93,7 +93,7 @@ def _split_k_kernel(
             tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=y_mask)
 
 
-_launch_fn = FastLaunch(_split_k_kernel, twins=pdl.prefetch_twins)
+_launch_fn = FastLaunch(_split_k_kernel, twins=pdl.prefetch_twins("linear"))
 
 
 def slices(k: int, block_k: int, split: int) -> tuple[int, int]:
@@ -136,6 +136,6 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], 
         (x, weight, bias if bias is not None else weight, out, part, tickets if tickets is not None else part,
          m, n, k, x.stride(0), weight.stride(0), out.stride(0), per),
         {"HAS_BIAS": bias is not None, "BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT": split, "PDL": early,
-         "PREFETCH": pdl.prefetch(early)},
+         "PREFETCH": pdl.prefetch(early, "linear")},
         num_warps=warps,
     )

@@ -63,7 +63,7 @@ def test_dependent_kernels_stay_right_eagerly_and_in_a_graph():
 
     # with the prefetch on, its twins were compiled beside them; off, none: the capture compiles nothing
     twins = [key for key in tl_._linear_launch.compiled if key[-1] is True]
-    assert (twins and 2 * len(twins) == len(compiled)) if envs.prefetch() else not twins
+    assert (twins and 2 * len(twins) == len(compiled)) if envs.prefetch("linear") else not twins
     before = len(tl_._linear_launch.compiled)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

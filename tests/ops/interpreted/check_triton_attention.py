@@ -166,7 +166,7 @@ def test_the_launch_that_also_writes_the_kv_matches_write_then_attend(tri, monke
                                                                       lengths, prefetch):
     # decode: the row's own (new) key at position len-1 sits at a span's start, end or middle;
     # `prefetch`: the variant a CUDA graph records with PDL (each span's first tile read ahead)
-    monkeypatch.setattr(tri.pdl, "prefetch", lambda early: prefetch)  # PDL itself stays off here
+    monkeypatch.setattr(tri.pdl, "prefetch", lambda early, kind: {"attention": prefetch}[kind])
     q, k, v, cache, meta = _case(lengths, 1, heads, kv_heads, dim, dtype, pad_seqs=1, seed=len(lengths) + 7)
     assert tri.writes_kv(meta)
     scale = dim ** -0.5

@@ -75,7 +75,7 @@ def test_the_prefetching_variant_computes_the_same(tri, monkeypatch, m):
             for prologue in prologues:
                 outs = []
                 for prefetch in (False, True):
-                    monkeypatch.setattr(tri.pdl, "prefetch", lambda early: prefetch)  # PDL stays off here
+                    monkeypatch.setattr(tri.pdl, "prefetch", lambda early, kind: {"linear": prefetch}[kind])
                     out = torch.full((m_, n), float("nan"), dtype=x.dtype)
                     tri._launch(x, w, None if prologue else b, out, config, **prologue)
                     outs.append(out)
