@@ -60,7 +60,9 @@ def copy_bandwidth() -> float:
     return 2 * n / statistics.median(times)
 
 
-def build(cc_kwargs: dict, max_seqs: int, context: int, block: int):
+def build(cc_kwargs: dict, max_seqs: int, context: int, block: int, share=None):
+    """The model, its KV cache and metadata builder; `share`: a model built before, whose
+    weights and KV caches this one uses (an A/B where every arm reads the same memory)."""
     import atom_compile as ac
     from atom_compile.models import build_model, preset
     from atom_compile.ops.attention import PagedAttentionMetadataBuilder
@@ -69,10 +71,17 @@ def build(cc_kwargs: dict, max_seqs: int, context: int, block: int):
     cfg = ac.Config(max_num_seqs=max_seqs, max_num_batched_tokens=max(8192, max_seqs),
                     compilation_config=ac.CompilationConfig(**cc_kwargs))
     model = build_model(preset("llama-3.2-1b"), compilation_config=cfg, dtype=torch.bfloat16, device="cuda")
-    model.allocate_kv_cache(max_seqs * blocks_per_seq, block)
-    with torch.no_grad():
-        for layer in model.no_compile_layers.values():
-            layer.kv_cache.normal_()
+    if share is not None:
+        shared = dict(share.named_parameters())
+        for name, param in model.named_parameters():
+            param.data = shared[name].data
+        for name, layer in model.no_compile_layers.items():
+            layer.kv_cache = share.no_compile_layers[name].kv_cache
+    else:
+        model.allocate_kv_cache(max_seqs * blocks_per_seq, block)
+        with torch.no_grad():
+            for layer in model.no_compile_layers.values():
+                layer.kv_cache.normal_()
     builder = PagedAttentionMetadataBuilder(max_seqs, max(8192, max_seqs), blocks_per_seq, block, device="cuda")
     return cfg, model, builder, blocks_per_seq
 
@@ -132,6 +141,42 @@ def kernel_breakdown(fn, top: int = 12) -> list[tuple[str, float, int]]:
     return rows[:top]
 
 
+def atom_arm(name: str, batches: list[int]) -> tuple[dict, contextlib.ExitStack]:
+    """An atom arm's compilation config and the switches its name asks for, as a stack to enter
+    around its compile and capture (what a switch changes is chosen then and recorded)."""
+    mode = name.split("-")[1].upper()
+    cc: dict = {"level": 3, "cudagraph_mode": mode}
+    if "-sizes" in name:
+        cc["compile_sizes"] = [b for b in batches if b <= 8]  # decode's few-token sizes
+    if "-fused" in name:
+        cc["prologue_pass"] = True  # the norms into the projections' prologues
+    if "-glu" in name:
+        cc["glu_pass"] = True  # SiLU-and-mul into the gate_up GEMV's epilogue
+    if "-rope" in name:
+        cc["rope_pass"] = True  # the query's and key's RoPE into the qkv GEMV's epilogue
+    if "-combo" in name:  # horizontal fusion of a piece's independent kernels
+        import torch._inductor.config as inductor_config
+
+        if not hasattr(inductor_config, "combo_kernels"):
+            raise SystemExit(f"{name}: this torch's Inductor has no combo_kernels")
+        cc["inductor_compile_config"] = {"combo_kernels": True}
+    from atom_compile import envs
+    from atom_compile.ops import triton_linear
+
+    patches = contextlib.ExitStack()
+    if "-prefetch" in name:  # as ATOM_COMPILE_PREFETCH=1 (its twins compiled with new shapes only)
+        patches.enter_context(mock.patch.object(envs, "prefetch", lambda kind=None: True))
+    if "-attnpf" in name:  # as ATOM_COMPILE_PREFETCH=attention: the attention's reads only
+        patches.enter_context(mock.patch.object(envs, "prefetch", lambda kind=None: kind in (None, "attention")))
+    if "-dots" in name:  # 2-8 rows of every projection on the padded dots, not cuBLAS
+        patches.enter_context(mock.patch.object(triton_linear, "DOT_MIN_N", 0))
+    if "-splitk" in name:  # 2-8 rows of the narrower projections on the split-K dots (the default)
+        patches.enter_context(mock.patch.object(triton_linear, "SPLIT_K_ROWS", True))
+    if "-nosplitk" in name:  # as ATOM_COMPILE_SPLIT_K=0: cuBLAS for them
+        patches.enter_context(mock.patch.object(triton_linear, "SPLIT_K_ROWS", False))
+    return cc, patches
+
+
 def run_arm(name: str, batches: list[int], context: int, steps: int, block: int) -> tuple[dict, dict]:
     import atom_compile as ac
 
@@ -140,38 +185,10 @@ def run_arm(name: str, batches: list[int], context: int, steps: int, block: int)
     if name == "peer":
         return run_peer(batches, context, steps), extra
     if name.startswith("atom"):
-        mode = name.split("-")[1].upper()
-        cc = {"level": 3, "cudagraph_mode": mode}
-        if "-sizes" in name:
-            cc["compile_sizes"] = [b for b in batches if b <= 8]  # decode's few-token sizes
-        if "-fused" in name:
-            cc["prologue_pass"] = True  # the norms into the projections' prologues
-        if "-glu" in name:
-            cc["glu_pass"] = True  # SiLU-and-mul into the gate_up GEMV's epilogue
-        if "-rope" in name:
-            cc["rope_pass"] = True  # the query's and key's RoPE into the qkv GEMV's epilogue
-        if "-combo" in name:  # horizontal fusion of a piece's independent kernels
-            import torch._inductor.config as inductor_config
-
-            if not hasattr(inductor_config, "combo_kernels"):
-                raise SystemExit(f"{name}: this torch's Inductor has no combo_kernels")
-            cc["inductor_compile_config"] = {"combo_kernels": True}
-        # max_num_seqs 512: the default ladder, [1..8] + range(16, 513, 16), 40 sizes
-        max_seqs = max(max_seqs, 512)
-        with contextlib.ExitStack() as patches:
-            from atom_compile import envs
-            from atom_compile.ops import triton_linear
-            if "-prefetch" in name:  # as ATOM_COMPILE_PREFETCH=1 (its twins compiled with new shapes only)
-                patches.enter_context(mock.patch.object(envs, "prefetch", lambda kind=None: True))
-            if "-attnpf" in name:  # as ATOM_COMPILE_PREFETCH=attention: the attention's reads only
-                patches.enter_context(mock.patch.object(envs, "prefetch", lambda kind=None: kind in (None, "attention")))
-            if "-dots" in name:  # 2-8 rows of every projection on the padded dots, not cuBLAS
-                patches.enter_context(mock.patch.object(triton_linear, "DOT_MIN_N", 0))
-            if "-splitk" in name:  # 2-8 rows of the narrower projections on the split-K dots (the default)
-                patches.enter_context(mock.patch.object(triton_linear, "SPLIT_K_ROWS", True))
-            if "-nosplitk" in name:  # as ATOM_COMPILE_SPLIT_K=0: cuBLAS for them
-                patches.enter_context(mock.patch.object(triton_linear, "SPLIT_K_ROWS", False))
-            return _run_atom(cc, batches, context, steps, block, max_seqs)
+        cc, switches = atom_arm(name, batches)
+        with switches:
+            # max_num_seqs 512: the default ladder, [1..8] + range(16, 513, 16), 40 sizes
+            return _run_atom(cc, batches, context, steps, block, max(max_seqs, 512))
 
     cfg, model, builder, bps = build({"level": 0}, max_seqs, context, block)
     forward = model.model

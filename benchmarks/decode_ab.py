@@ -1,0 +1,145 @@
+"""Paired A/B of decode switches: FULL-graph arms that read the same weights and KV cache,
+timed step by step in turn.
+
+decode.py times one arm after another, each on weights of its own. Two timings of the same
+arm there differ by 1-2% (a different placement of 2.5 GB of weights in memory, the GPU's
+clocks drifting between arms), as much as a switch worth having changes. Here every arm's model
+shares the first arm's parameters and KV caches, all arms are compiled and recorded first, and
+each round replays one step of every arm, in an order that rotates from round to round. Each
+arm's step time is reported as its median; its ratio to the first arm as the median of the
+per-round ratios (a drift moves both halves of a pair), with the 5th-95th percentile of a
+bootstrap of that median.
+
+Arms: the `atom-full...` names of decode.py (`-attnpf`, `-prefetch`, `-rope`, `-glu`,
+`-combo`, `-nosplitk`, ...); name the baseline first. A name given twice is timed twice (the
+spread of one configuration against itself).
+
+    python benchmarks/decode_ab.py --arms atom-full,atom-full-attnpf,atom-full [--batches 1,8] [--rounds 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import statistics
+import sys
+
+import torch
+
+from decode import _label, atom_arm, build, decode_steps, kv_bytes, _weight_bytes, copy_bandwidth
+
+
+def _fresh_launchers() -> None:
+    """Forget which Triton specialisations our launchers hold (Triton keeps the compiled ones):
+    an arm's first launches then compile what its switches need, a prefetching twin included."""
+    from atom_compile.ops.triton_launch import FastLaunch
+
+    for obj in gc.get_objects():
+        if isinstance(obj, FastLaunch):
+            obj.compiled.clear()
+
+
+def record(names: list[str], batches: list[int], context: int, block: int) -> list[tuple[str, object, int]]:
+    """Every arm compiled and its ladder recorded, on the first arm's weights and KV caches."""
+    import atom_compile as ac
+    from atom_compile.runtime import ModelRunner
+    from atom_compile.runtime.graphs import reset_graph_pool
+
+    arms, base, taken = [], None, {}
+    for name in names:
+        cc, switches = atom_arm(name, batches)
+        if cc["cudagraph_mode"] != "FULL":
+            sys.exit(f"{name}: decode_ab.py pairs FULL-graph arms only")
+        _fresh_launchers()
+        with switches:
+            cfg, model, builder, bps = build(cc, 512, context, block, share=base)
+            runner = ModelRunner(model, cfg, builder)
+            ids, pos, meta, ctx = builder.build_for_capture(512, 1)
+            with torch.inference_mode(), ac.set_forward_context(meta, cfg, ctx, no_compile_layers=model.no_compile_layers):
+                model(ids, pos)
+            reset_graph_pool()  # a pool of this arm's own: the arms before keep theirs
+            seconds, _ = runner.capture_cudagraph()
+        print(f"{name}: recorded in {seconds:.1f}s", flush=True)
+        base = base or model
+        label = _label(name, taken)
+        taken[label] = True
+        arms.append((label, runner, bps))
+        torch._dynamo.reset()
+    return arms
+
+
+def paired(arms: list, batch: int, context: int, rounds: int) -> dict[str, list[float]]:
+    """Seconds of each arm's step, per round; the arms in a rotating order within each round."""
+    from atom_compile import set_forward_context
+
+    steps = []
+    for _, runner, bps in arms:  # each arm's inputs and metadata, built once in its own builder
+        step = decode_steps(batch, context, bps)
+        ids, _, meta, ctx = runner.builder.build(step, *runner.padding_for(step))
+        steps.append((ids, meta, ctx))
+    times: dict[str, list[float]] = {label: [] for label, _, _ in arms}
+    for r in range(rounds + 5):
+        events = []
+        for i in [(r + j) % len(arms) for j in range(len(arms))]:
+            (label, runner, _), (ids, meta, ctx) = arms[i], steps[i]
+            with set_forward_context(meta, None, ctx, no_compile_layers=runner.no_compile_layers):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                runner.run_model(ids)
+                end.record()
+            events.append((label, start, end))
+        torch.cuda.synchronize()
+        if r >= 5:  # the first rounds warm the arms up
+            for label, start, end in events:
+                times[label].append(start.elapsed_time(end) / 1e3)
+    return times
+
+
+def _bootstrap(ratios: list[float], draws: int = 2000) -> tuple[float, float]:
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(draws))
+    return medians[int(0.05 * draws)], medians[int(0.95 * draws) - 1]
+
+
+def report(times: dict[str, list[float]], batch: int, floor_ms: float) -> dict:
+    base = next(iter(times))
+    print(f"\nbs {batch}: {len(times[base])} rounds; floor {floor_ms:.3f} ms")
+    print(f"| arm | ms per step (median) | / floor | / {base} (median of paired ratios) | 5-95% |")
+    print("|---|---|---|---|---|")
+    out = {}
+    for label, ts in times.items():
+        ms = statistics.median(ts) * 1e3
+        ratios = [t / b for t, b in zip(ts, times[base])]
+        lo, hi = _bootstrap(ratios)
+        med = statistics.median(ratios)
+        print(f"| {label} | {ms:.3f} | {ms / floor_ms:.2f}x | {med:.4f} | {lo:.4f}-{hi:.4f} |")
+        out[label] = {"ms": ms, "ratio": med, "ratio_5": lo, "ratio_95": hi}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arms", required=True, help="comma-separated atom-full... arms, the baseline first")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--rounds", type=int, default=300)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("decode_ab.py needs a CUDA GPU")
+    from atom_compile.models import preset
+
+    batches = [int(b) for b in args.batches.split(",")]
+    names = args.arms.split(",")
+    llama = preset("llama-3.2-1b")
+    bw = copy_bandwidth()
+    arms = record(names, batches, args.context, block=16)
+    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, copy {bw / 1e12:.2f} TB/s, "
+          f"context {args.context}, CUDA events")
+    for b in batches:
+        floor_ms = (_weight_bytes(llama) + kv_bytes(llama, b, args.context)) / bw * 1e3
+        report(paired(arms, b, args.context, args.rounds), b, floor_ms)
+
+
+if __name__ == "__main__":
+    main()
