@@ -13,7 +13,7 @@ import enum
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Union
+from typing import Any, Iterable, Mapping, Optional, Union
 
 from .errors import AtomTypeError, ConfigError
 from .config_checks import (CAPTURE_SIZES_TOKEN, _check_bool, _check_budget, _check_graph_partition, _check_size,
@@ -73,10 +73,10 @@ class CompilationConfig:
     prologue_pass: bool = False
     # The built-in post-grad pass (backends/glu_pass.py) that puts a gated MLP's activation-and-
     # mul (SwiGLU, GeGLU) into the epilogue of its gate and up projections: one launch at one
-    # token, no activation kernel.
-    # Off: on an H100 it removes the activation kernel but the step is no faster (BENCHMARKS.md,
-    # benchmarks/decode.py -glu arms); needs small_m_linear_pass. Keyed when on.
-    glu_pass: bool = False
+    # token, no activation kernel. None (the default): on wherever small_m_linear_pass is (on an
+    # H100 the decode step at batch 1 is 2.2% faster with it, benchmarks/decode_ab.py); True
+    # needs small_m_linear_pass. Keyed when on.
+    glu_pass: Optional[bool] = None
     # The built-in post-grad pass (backends/rope_pass.py) that puts the rotary embedding of the
     # query and key (neox RoPE, recognised by what it computes) into the epilogue of their qkv
     # projection: one launch at one token, no RoPE kernels. Off: on an H100 the step is no
@@ -104,6 +104,8 @@ class CompilationConfig:
         for name in ("use_cudagraph", "cudagraph_copy_inputs", "use_inductor", "require_cache",
                      "use_inductor_graph_partition", "trace_layers_once", "residual_add_pass",
                      "small_m_linear_pass", "prologue_pass", "glu_pass", "rope_pass"):
+            if name == "glu_pass" and self.glu_pass is None:  # the default: follows small_m_linear_pass
+                continue
             setattr(self, name, _check_bool(f"CompilationConfig.{name}", getattr(self, name)))
         for name in ("prologue_pass", "glu_pass", "rope_pass"):
             if getattr(self, name) and not self.small_m_linear_pass:
@@ -208,10 +210,15 @@ class CompilationConfig:
         for name in ("residual_add_pass", "small_m_linear_pass"):  # keyed when off (on is the default)
             if not getattr(self, name):
                 factors[name] = False
-        for name in ("prologue_pass", "glu_pass", "rope_pass"):  # keyed when on (off is the default)
-            if getattr(self, name):
+        for name, on in (("prologue_pass", self.prologue_pass), ("glu_pass", self.glu_fused()),
+                         ("rope_pass", self.rope_pass)):  # keyed when on
+            if on:
                 factors[name] = True
         return factors
+
+    def glu_fused(self) -> bool:
+        """Whether the GLU pass runs: glu_pass, or where it is None (the default) the small-M pass."""
+        return self.small_m_linear_pass if self.glu_pass is None else self.glu_pass
 
     def compute_hash(self) -> str:
         """A short digest of `hash_factors()`; equal configs give equal hashes across processes."""

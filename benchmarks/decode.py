@@ -4,10 +4,11 @@ Arms, in one run: eager; torch.compile; torch.compile(mode="reduce-overhead") an
 mode="max-autotune" of the same model; atom-compile level 3 with cudagraph_mode NONE, FULL and
 TR_HYBRID, each also as `-sizes` (compile_sizes = the batches <= 8: per-size pieces) and as
 `-fused` (prologue_pass: each RMSNorm in the prologue of the projection after it) and as
-`-glu` (glu_pass: each MLP's SiLU-and-mul in the epilogue of its gate_up GEMV) and as
+`-glu` / `-noglu` (glu_pass: each MLP's SiLU-and-mul in the epilogue of its gate_up GEMV; on by
+default since 2026-12-06) and as
 `-rope` (rope_pass: the query's and key's RoPE in the epilogue of their qkv GEMV) and as
-`-combo` (Inductor's combo_kernels: independent pointwise kernels of a piece, RoPE's q and k,
-launched as one) and as
+`-combo` / `-nocombo` (Inductor's combo_kernels: independent pointwise kernels of a piece,
+RoPE's q and k, launched as one; on by default since 2026-12-06) and as
 `-prefetch` (ATOM_COMPILE_PREFETCH=1: graphs recorded with the GEMV reading its weight and
 the attention its cached keys before their PDL wait, for an A/B of the prefetch in one process;
 run it first, its twins compile with new shapes only) or `-attnpf` (ATOM_COMPILE_PREFETCH=attention:
@@ -151,7 +152,9 @@ def atom_arm(name: str, batches: list[int]) -> tuple[dict, contextlib.ExitStack]
     if "-fused" in name:
         cc["prologue_pass"] = True  # the norms into the projections' prologues
     if "-glu" in name:
-        cc["glu_pass"] = True  # SiLU-and-mul into the gate_up GEMV's epilogue
+        cc["glu_pass"] = True  # SiLU-and-mul into the gate_up GEMV's epilogue (the default since 2026-12-06)
+    if "-noglu" in name:
+        cc["glu_pass"] = False
     if "-rope" in name:
         cc["rope_pass"] = True  # the query's and key's RoPE into the qkv GEMV's epilogue
     if "-combo" in name:  # horizontal fusion of a piece's independent kernels
@@ -159,7 +162,9 @@ def atom_arm(name: str, batches: list[int]) -> tuple[dict, contextlib.ExitStack]
 
         if not hasattr(inductor_config, "combo_kernels"):
             raise SystemExit(f"{name}: this torch's Inductor has no combo_kernels")
-        cc["inductor_compile_config"] = {"combo_kernels": True}
+        cc["inductor_compile_config"] = {"combo_kernels": True}  # the default since 2026-12-06
+    if "-nocombo" in name:
+        cc["inductor_compile_config"] = {"combo_kernels": False}
     from atom_compile import envs
     from atom_compile.ops import triton_linear
 

@@ -20,7 +20,6 @@ spread of one configuration against itself).
 from __future__ import annotations
 
 import argparse
-import gc
 import random
 import statistics
 import sys
@@ -35,9 +34,11 @@ def _fresh_launchers() -> None:
     an arm's first launches then compile what its switches need, a prefetching twin included."""
     from atom_compile.ops.triton_launch import FastLaunch
 
-    for obj in gc.get_objects():
-        if isinstance(obj, FastLaunch):
-            obj.compiled.clear()
+    for name, module in list(sys.modules.items()):
+        if name.startswith("atom_compile.ops."):
+            for value in list(vars(module).values()):
+                if isinstance(value, FastLaunch):
+                    value.compiled.clear()
 
 
 def record(names: list[str], batches: list[int], context: int, block: int) -> list[tuple[str, object, int]]:

@@ -29,12 +29,19 @@ from .small_m_pass import SmallMLinearPass
 
 POST_PASS_KEY = "post_grad_custom_post_pass"
 PDL_OPTION = "triton.enable_pdl"  # Inductor's programmatic dependent launch (torch >= 2.10)
+COMBO_OPTION = "combo_kernels"  # Inductor's horizontal fusion of a piece's independent kernels
 
 
 def _inductor_has_pdl() -> bool:
     import torch._inductor.config as inductor_config
 
     return hasattr(inductor_config.triton, "enable_pdl")
+
+
+def _inductor_has_combo() -> bool:
+    import torch._inductor.config as inductor_config
+
+    return hasattr(inductor_config, COMBO_OPTION)
 
 
 class PostGradPasses(CustomGraphPass):
@@ -60,8 +67,9 @@ def compiler_config(cc: CompilationConfig) -> dict[str, Any]:
     """The Inductor options a piece compiles with: inductor_compile_config, the passes (the
     built-in ones first, those that are on: residual add, small-M linear, the GLU and RoPE
     epilogues, prologues: an MLP's activation goes into gate_up rather than into down), Inductor
-    graph partition's (when use_inductor_graph_partition is on) and PDL on where Inductor has
-    it (inductor_compile_config={"triton.enable_pdl": False} keeps it off)."""
+    graph partition's (when use_inductor_graph_partition is on), and PDL and combo kernels on
+    where Inductor has them (inductor_compile_config={"triton.enable_pdl": False} or
+    {"combo_kernels": False} keeps them off)."""
     out = dict(cc.inductor_compile_config)
     out.update(graph_partition.inductor_options(cc, DEFAULT_SPLITTING_OPS))
     if PDL_OPTION not in out and _inductor_has_pdl():
@@ -69,9 +77,14 @@ def compiler_config(cc: CompilationConfig) -> dict[str, Any]:
         # early: on GPUs of compute capability >= 9 only (Inductor checks), as ours do
         # (ops/pdl.py); a decode step is some 130 kernels of a few microseconds each
         out[PDL_OPTION] = True
+    if COMBO_OPTION not in out and _inductor_has_combo():
+        # independent pointwise kernels of a piece (a layer's RoPE of q and of k) launched as
+        # one: 1.5% off the decode step on an H100 (benchmarks/decode_ab.py); Inductor leaves
+        # CPU kernels out of them
+        out[COMBO_OPTION] = True
     passes = ([ResidualAddPass()] if cc.residual_add_pass else []) \
         + ([SmallMLinearPass()] if cc.small_m_linear_pass else []) \
-        + ([GluPass()] if cc.glu_pass else []) + ([RopePass()] if cc.rope_pass else []) \
+        + ([GluPass()] if cc.glu_fused() else []) + ([RopePass()] if cc.rope_pass else []) \
         + ([ProloguePass()] if cc.prologue_pass else []) \
         + list(cc.inductor_passes)
     if passes:

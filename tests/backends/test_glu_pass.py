@@ -226,7 +226,10 @@ def test_the_config_puts_the_pass_before_the_prologues_and_needs_small_m():
 
     on = compiler_config(CompilationConfig(level=3, glu_pass=True, prologue_pass=True))[POST_PASS_KEY]
     assert [type(p).__name__ for p in on.passes] == ["ResidualAddPass", "SmallMLinearPass", "GluPass", "ProloguePass"]
-    assert on.uuid() != compiler_config(CompilationConfig(level=3, prologue_pass=True))[POST_PASS_KEY].uuid()
+    off = compiler_config(CompilationConfig(level=3, glu_pass=False, prologue_pass=True))[POST_PASS_KEY]
+    assert on.uuid() != off.uuid()
+    # on by default wherever the small-M pass is, and off with it
+    assert CompilationConfig().glu_fused() and not CompilationConfig(small_m_linear_pass=False).glu_fused()
     with pytest.raises(ConfigError, match="CompilationConfig.glu_pass"):
         CompilationConfig(glu_pass=True, small_m_linear_pass=False)
     with pytest.raises(ConfigError, match="CompilationConfig.glu_pass"):

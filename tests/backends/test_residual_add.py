@@ -45,7 +45,7 @@ def test_full_size_addmm_is_split_and_bias_and_scaled_ones_are_kept():
 
 def test_the_builtin_passes_are_in_the_compiler_options_unless_turned_off():
     on = compiler_config(CompilationConfig(level=3))[POST_PASS_KEY]
-    assert [type(p).__name__ for p in on.passes] == ["ResidualAddPass", "SmallMLinearPass"]
+    assert [type(p).__name__ for p in on.passes] == ["ResidualAddPass", "SmallMLinearPass", "GluPass"]
     one = compiler_config(CompilationConfig(level=3, small_m_linear_pass=False))[POST_PASS_KEY]
     assert [type(p).__name__ for p in one.passes] == ["ResidualAddPass"]
     assert on.uuid() != one.uuid()  # a different set of passes: a different piece key
@@ -63,6 +63,15 @@ def test_inductor_pdl_is_on_where_inductor_has_it_unless_the_user_says_otherwise
     assert compiler_config(CompilationConfig(level=3)).get("triton.enable_pdl") is (True if has else None)
     off = CompilationConfig(level=3, inductor_compile_config={"triton.enable_pdl": False})
     assert compiler_config(off)["triton.enable_pdl"] is False
+
+
+def test_inductor_combo_kernels_are_on_where_inductor_has_them_unless_the_user_says_otherwise():
+    import torch._inductor.config as inductor_config
+
+    has = hasattr(inductor_config, "combo_kernels")
+    assert compiler_config(CompilationConfig(level=3)).get("combo_kernels") is (True if has else None)
+    off = CompilationConfig(level=3, inductor_compile_config={"combo_kernels": False})
+    assert compiler_config(off)["combo_kernels"] is False
 
 
 class Block(torch.nn.Module):

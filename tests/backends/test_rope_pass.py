@@ -176,7 +176,7 @@ def test_the_config_puts_the_pass_after_the_glu_one_and_needs_small_m():
     from atom_compile.backends.custom_passes import POST_PASS_KEY, compiler_config
     from atom_compile.errors import ConfigError
 
-    on = compiler_config(CompilationConfig(level=3, glu_pass=True, rope_pass=True, prologue_pass=True))[POST_PASS_KEY]
+    on = compiler_config(CompilationConfig(level=3, rope_pass=True, prologue_pass=True))[POST_PASS_KEY]
     assert [type(p).__name__ for p in on.passes] == ["ResidualAddPass", "SmallMLinearPass", "GluPass", "RopePass",
                                                      "ProloguePass"]
     off = compiler_config(CompilationConfig(level=3, glu_pass=True, prologue_pass=True))[POST_PASS_KEY]

@@ -153,12 +153,12 @@ def test_greedy_decode_matches_eager(mode, level, baselines):
 
 
 def test_norms_fused_into_projections_decode_as_eager(baselines):
-    """prologue_pass: every RMSNorm and SiLU-and-mul of the layers is the prologue of the
-    projection after it (one launch at one token; a row-wise kernel and cuBLAS above), under
-    FULL graphs."""
+    """prologue_pass (glu_pass off, which would take the SiLU-and-mul first): every RMSNorm and
+    SiLU-and-mul of the layers is the prologue of the projection after it (one launch at one
+    token; a row-wise kernel and cuBLAS above), under FULL graphs."""
     root, base = baselines
     expect = base[3]
-    engine, info = _run(CUDAGraphMode.FULL, 3, root, forced=expect.trace, prologue_pass=True)
+    engine, info = _run(CUDAGraphMode.FULL, 3, root, forced=expect.trace, prologue_pass=True, glu_pass=False)
     for i, ((_, logits), (_, want_logits)) in enumerate(zip(engine.trace, expect.trace)):
         torch.testing.assert_close(logits, want_logits, atol=3e-2, rtol=3e-2, msg=lambda m: f"step {i}: {m}")
     code = "\n".join(p.read_text() for p in root.rglob("*.py") if "def call(" in p.read_text())
