@@ -5,10 +5,12 @@ decode.py times one arm after another, each on weights of its own. Two timings o
 arm there differ by 1-2% (a different placement of 2.5 GB of weights in memory, the GPU's
 clocks drifting between arms), as much as a switch worth having changes. Here every arm's model
 shares the first arm's parameters and KV caches, all arms are compiled and recorded first, and
-each round replays one step of every arm, in an order that rotates from round to round. Each
-arm's step time is reported as its median; its ratio to the first arm as the median of the
-per-round ratios (a drift moves both halves of a pair), with the 5th-95th percentile of a
-bootstrap of that median.
+each round replays one step of every arm, in an order that rotates from round to round, each
+step queued behind the one before (GPU time). Each arm's step time is reported as its median;
+its ratio to the first arm as the median of the per-round ratios (a drift moves both halves of
+a pair), with the 5th-95th percentile of a bootstrap of that median. Each round starts with one
+more step, of one arm in turn, timed from an idle GPU after a synchronize, as decode.py times
+every step (the host's launch of the step included): its median is the last column.
 
 Arms: the `atom-full...` names of decode.py (`-attnpf`, `-prefetch`, `-rope`, `-glu`,
 `-combo`, `-nosplitk`, ...); name the baseline first. A name given twice is timed twice (the
@@ -70,31 +72,43 @@ def record(names: list[str], batches: list[int], context: int, block: int) -> li
     return arms
 
 
-def paired(arms: list, batch: int, context: int, rounds: int) -> dict[str, list[float]]:
-    """Seconds of each arm's step, per round; the arms in a rotating order within each round."""
+def _timed(arm: tuple, inputs: tuple) -> tuple:
+    """One step of `arm` between two CUDA events (returned, not yet waited for)."""
     from atom_compile import set_forward_context
 
+    (_, runner, _), (ids, meta, ctx) = arm, inputs
+    with set_forward_context(meta, None, ctx, no_compile_layers=runner.no_compile_layers):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        runner.run_model(ids)
+        end.record()
+    return start, end
+
+
+def paired(arms: list, batch: int, context: int, rounds: int) -> tuple[dict, dict]:
+    """Seconds of each arm's step per round, each step queued behind the one before (GPU time),
+    the arms in an order that rotates from round to round; and, per arm, steps timed from an
+    idle GPU (after a synchronize, as decode.py times every step: the host's launch of the step
+    included), one arm per round in turn. That step also starts the round, so no queued step
+    is timed from an idle GPU."""
     steps = []
     for _, runner, bps in arms:  # each arm's inputs and metadata, built once in its own builder
         step = decode_steps(batch, context, bps)
         ids, _, meta, ctx = runner.builder.build(step, *runner.padding_for(step))
         steps.append((ids, meta, ctx))
-    times: dict[str, list[float]] = {label: [] for label, _, _ in arms}
+    n = len(arms)
+    queued: dict[str, list[float]] = {label: [] for label, _, _ in arms}
+    idle: dict[str, list[float]] = {label: [] for label, _, _ in arms}
     for r in range(rounds + 5):
-        events = []
-        for i in [(r + j) % len(arms) for j in range(len(arms))]:
-            (label, runner, _), (ids, meta, ctx) = arms[i], steps[i]
-            with set_forward_context(meta, None, ctx, no_compile_layers=runner.no_compile_layers):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                runner.run_model(ids)
-                end.record()
-            events.append((label, start, end))
+        torch.cuda.synchronize()
+        first = _timed(arms[r % n], steps[r % n])
+        events = [(arms[i][0], _timed(arms[i], steps[i])) for i in [(r + j) % n for j in range(n)]]
         torch.cuda.synchronize()
         if r >= 5:  # the first rounds warm the arms up
-            for label, start, end in events:
-                times[label].append(start.elapsed_time(end) / 1e3)
-    return times
+            idle[arms[r % n][0]].append(first[0].elapsed_time(first[1]) / 1e3)
+            for label, (start, end) in events:
+                queued[label].append(start.elapsed_time(end) / 1e3)
+    return queued, idle
 
 
 def _bootstrap(ratios: list[float], draws: int = 2000) -> tuple[float, float]:
@@ -103,19 +117,21 @@ def _bootstrap(ratios: list[float], draws: int = 2000) -> tuple[float, float]:
     return medians[int(0.05 * draws)], medians[int(0.95 * draws) - 1]
 
 
-def report(times: dict[str, list[float]], batch: int, floor_ms: float) -> dict:
+def report(times: dict[str, list[float]], idle: dict[str, list[float]], batch: int, floor_ms: float) -> dict:
     base = next(iter(times))
     print(f"\nbs {batch}: {len(times[base])} rounds; floor {floor_ms:.3f} ms")
-    print(f"| arm | ms per step (median) | / floor | / {base} (median of paired ratios) | 5-95% |")
-    print("|---|---|---|---|---|")
+    print(f"| arm | ms per step, queued (median) | / floor | / {base} (median of paired ratios) | 5-95% "
+          "| ms from an idle GPU (median) |")
+    print("|---|---|---|---|---|---|")
     out = {}
     for label, ts in times.items():
         ms = statistics.median(ts) * 1e3
         ratios = [t / b for t, b in zip(ts, times[base])]
         lo, hi = _bootstrap(ratios)
         med = statistics.median(ratios)
-        print(f"| {label} | {ms:.3f} | {ms / floor_ms:.2f}x | {med:.4f} | {lo:.4f}-{hi:.4f} |")
-        out[label] = {"ms": ms, "ratio": med, "ratio_5": lo, "ratio_95": hi}
+        cold = statistics.median(idle[label]) * 1e3 if idle[label] else float("nan")
+        print(f"| {label} | {ms:.3f} | {ms / floor_ms:.2f}x | {med:.4f} | {lo:.4f}-{hi:.4f} | {cold:.3f} |")
+        out[label] = {"ms": ms, "ratio": med, "ratio_5": lo, "ratio_95": hi, "ms_from_idle": cold}
     return out
 
 
@@ -139,7 +155,7 @@ def main() -> None:
           f"context {args.context}, CUDA events")
     for b in batches:
         floor_ms = (_weight_bytes(llama) + kv_bytes(llama, b, args.context)) / bw * 1e3
-        report(paired(arms, b, args.context, args.rounds), b, floor_ms)
+        report(*paired(arms, b, args.context, args.rounds), b, floor_ms)
 
 
 if __name__ == "__main__":
