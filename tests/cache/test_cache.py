@@ -85,14 +85,15 @@ def test_cold_then_warm_compiles_nothing_and_is_bit_identical(cold, tmp_path):
 
 def test_four_processes_warm_one_empty_cache(tmp_path):
     root = seeded(tmp_path / "root")  # empty of compiled pieces: the ISA probe is not what races
+    one_layer = ("--layers", "1")  # two pieces, two index entries to race over: a quarter less work
     with ThreadPoolExecutor(4) as pool:
-        reports = list(pool.map(lambda _: run_job("--cache-root", str(root)), range(4)))
+        reports = list(pool.map(lambda _: run_job("--cache-root", str(root), *one_layer), range(4)))
     assert all(r["max_abs_err"] < TOL for r in reports)
     _, index = _index(root)  # parses: valid
-    assert len(index["entries"]) == 3 and index["dynamo_function"] is not None
-    fifth = run_job("--cache-root", str(root))
+    assert len(index["entries"]) == 2 and index["dynamo_function"] is not None
+    fifth = run_job("--cache-root", str(root), *one_layer)
     assert fifth["counters"]["num_inductor_compiles"] == 0
-    assert fifth["counters"]["num_compiled_artifacts_loaded"] == 3
+    assert fifth["counters"]["num_compiled_artifacts_loaded"] == 2
 
 
 def _damage_artifact_truncate(root):
