@@ -29,6 +29,16 @@ def test_the_readme_names_the_commands_this_test_runs():
     assert "triton" in gpu.install and gpu.test == cpu.test
 
 
+def test_a_full_run_names_its_slowest_tests_a_smoke_run_its_files():
+    """CI's run 2 (--full) prints the suite's slowest tests; the README's command is kept as written."""
+    readme = fresh_venv.readme_commands()
+    commands = fresh_venv.Commands(setup=[], install=readme.install, test=readme.test)
+    full = fresh_venv.script(commands, smoke=False).splitlines()[-1]
+    assert full == readme.test + " --durations=15", full
+    smoke = fresh_venv.script(commands, smoke=True).splitlines()[-1]
+    assert smoke == readme.test + " " + " ".join(fresh_venv.SMOKE), smoke
+
+
 def test_the_fresh_venv_keeps_nothing_of_the_user(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", "/somewhere")
     monkeypatch.setenv("ATOM_COMPILE_CACHE_ROOT", "/elsewhere")

@@ -23,26 +23,22 @@ def _content_records(cache_root) -> list:
     return sorted((cache_root / "torch_compile_cache").glob("*/shared/*/content/*.json"))
 
 
+GROUP_NAMES = ["a-0", "a-1", "b-0", "b-1"]
 ONE_LAYER = ("--layers", "1")  # two pieces, each its own code: what the tests below need, at half the work
 
 
-def test_two_groups_compile_each_piece_once_then_nothing(tmp_path):
-    root = tmp_path / "cache"
-    procs = start_group(tmp_path, root, "a", 2, *ONE_LAYER) + start_group(tmp_path, root, "b", 2, *ONE_LAYER)
-    names = ["a-0", "a-1", "b-0", "b-1"]
-    reports = finish(tmp_path, procs, names)
+def test_two_groups_compile_each_piece_once_then_nothing(tmp_path, two_groups):
+    """Two groups (4 processes) on one cold root: each piece is compiled once, by one rank, and
+    loaded by the three others (the module's cache, made once: see two_groups). Nothing is
+    compiled by a warm group (test_a_warm_rank_traces_with_a_cold_peer's first run) nor by one
+    started from the exported and imported copy (_archive_round_trip)."""
+    root, unique, reports = _copy_of(two_groups, tmp_path), two_groups[1], two_groups[2]
     assert all(r["max_abs_err"] < TOL for r in reports), [r["max_abs_err"] for r in reports]
-    unique = reports[0]["counters"]["num_piecewise_capturable_graphs_seen"]
     assert unique == 2  # embed+layer0 | layer0+norm: different code each
     assert len(_content_records(root)) == unique
-    assert total(reports, "num_inductor_compiles") == unique, stderr_tail(tmp_path, names)
+    assert total(reports, "num_inductor_compiles") == unique, stderr_tail(two_groups[3], GROUP_NAMES)
     assert total(reports, "num_peer_pieces_loaded") == 4 * unique - unique
     assert total(reports, "num_cache_errors") == 0
-
-    again = finish(tmp_path, start_group(tmp_path, root, "c", 2, *ONE_LAYER), ["c-0", "c-1"])
-    assert all(r["max_abs_err"] < TOL for r in again)
-    assert total(again, "num_inductor_compiles") == 0
-    assert total(again, "num_cache_errors") == 0
     _archive_round_trip(tmp_path, root, unique)
 
 
@@ -63,29 +59,29 @@ def test_locks_only_loader_links_the_owners_libraries(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def one_layer_group(tmp_path_factory):
-    """One cold group (2 ranks, 1 layer) into a fresh root, made once for the tests that start
-    from a cache a group compiled: each works on its own copy (_copy_of). Returns the root and
-    the number of unique pieces."""
-    tmp = tmp_path_factory.mktemp("tp-one-layer")
+def two_groups(tmp_path_factory):
+    """Two cold groups (2 ranks each, 1 layer) at once into a fresh root, made once for the tests
+    that start from a cache groups compiled: each works on its own copy (_copy_of). Returns the
+    root, the number of unique pieces, the four ranks' reports and the folder of their stderr."""
+    tmp = tmp_path_factory.mktemp("tp-two-groups")
     root = tmp / "cache"
-    first = finish(tmp, start_group(tmp, root, "w", 2, "--layers", "1"), ["w-0", "w-1"])
-    assert all(r["max_abs_err"] < TOL for r in first), [r["max_abs_err"] for r in first]
-    return root, first[0]["counters"]["num_piecewise_capturable_graphs_seen"]
+    procs = start_group(tmp, root, "a", 2, *ONE_LAYER) + start_group(tmp, root, "b", 2, *ONE_LAYER)
+    reports = finish(tmp, procs, GROUP_NAMES)
+    return root, reports[0]["counters"]["num_piecewise_capturable_graphs_seen"], reports, tmp
 
 
 def _copy_of(group, tmp_path):
     root = tmp_path / "cache"
     shutil.copytree(group[0], root, symlinks=True)
-    return root, group[1]
+    return root
 
 
-def test_published_pieces_load_while_their_locks_are_held(tmp_path, one_layer_group):
+def test_published_pieces_load_while_their_locks_are_held(tmp_path, two_groups):
     """A rank that finds a piece published loads it without the piece's lock: loaders do not
     take turns (each waiting out the others' loads), nor wait on a peer that holds the lock."""
     import filelock
 
-    root, unique = _copy_of(one_layer_group, tmp_path)
+    root, unique = _copy_of(two_groups, tmp_path), two_groups[1]
     for own in root.glob("torch_compile_cache/*/rank_*"):
         shutil.rmtree(own)  # the ranks start with nothing of their own: every piece is published
     locks = [filelock.FileLock(str(p)) for p in root.glob("torch_compile_cache/*/shared/*/locks/*.lock")]
@@ -105,12 +101,15 @@ def test_published_pieces_load_while_their_locks_are_held(tmp_path, one_layer_gr
     assert total(reports, "num_cache_errors") == 0
 
 
-def test_a_warm_rank_traces_with_a_cold_peer(tmp_path, one_layer_group):
-    """One rank's own cache is warm, its peer's is empty: the warm rank sets its saved forward
-    aside and traces with the peer (one exchange decides it for the group), rather than run into
-    the model's collectives while the peer waits in the agreement; nothing is compiled."""
-    root, unique = _copy_of(one_layer_group, tmp_path)
+def test_a_warm_rank_traces_with_a_cold_peer(tmp_path, two_groups):
+    """A warm group (both ranks' caches warm) compiles nothing. Then one rank's own cache is
+    warm, its peer's is empty: the warm rank sets its saved forward aside and traces with the
+    peer (one exchange decides it for the group), rather than run into the model's collectives
+    while the peer waits in the agreement; nothing is compiled."""
+    root, unique = _copy_of(two_groups, tmp_path), two_groups[1]
     warm = finish(tmp_path, start_group(tmp_path, root, "v", 2, "--layers", "1"), ["v-0", "v-1"])
+    assert all(r["max_abs_err"] < TOL for r in warm)
+    assert total(warm, "num_inductor_compiles") == 0 and total(warm, "num_cache_errors") == 0
     assert [r["counters"]["num_dynamo_functions_loaded"] for r in warm] == [1, 1]
     assert total(warm, "num_dynamo_functions_set_aside") == 0
     for own in root.glob("torch_compile_cache/*/rank_1"):

@@ -27,6 +27,8 @@ SECTION = "## Fresh machine"
 # real level-3 compile, warm start and `inspect` without numpy (about 2 minutes on 2 cores).
 SMOKE = ("tests/test_config.py", "tests/test_layout.py", "tests/cache/test_keys.py", "tests/test_no_numpy.py")
 NO_INDEX = 75  # the script's exit status when pip reaches no package index
+# A full run (CI's run 2) names its slowest tests, as run 1 does, so the time budget can be kept.
+FULL_OPTIONS = "--durations=15"
 # What a fresh account on this machine still has: the system, its proxies and pip's machine-wide
 # settings. Nothing of the user's (HOME, caches, PYTHONPATH, a venv, atom-compile's or torch's
 # own variables) crosses over.
@@ -90,7 +92,7 @@ def script(commands: Commands, smoke: bool) -> str:
                f"|| {{ echo 'fresh venv: pip reaches no package index'; exit {NO_INDEX}; }}")
     out.append(commands.install)
     out.append("python -c \"import sys, torch; print('fresh venv: torch', torch.__version__, 'python', sys.version.split()[0])\"")
-    out.append(commands.test + (" " + " ".join(SMOKE) if smoke else ""))
+    out.append(commands.test + " " + (" ".join(SMOKE) if smoke else FULL_OPTIONS))
     return "\n".join(out) + "\n"
 
 

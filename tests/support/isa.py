@@ -13,6 +13,7 @@ whose files must all come out private under umask 002).
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
@@ -24,25 +25,55 @@ from typing import Optional
 from atom_compile.backends.cpu_isa import ANSWER_FILE
 
 REPO = Path(__file__).resolve().parents[2]
-_ANSWER: dict[str, Optional[bytes]] = {}
-_PROBE = "import sys\nfrom atom_compile.backends import inductor\ninductor.prime_cpu_isa(sys.argv[1], None)\n"
+_SESSION: dict[str, Optional[tuple[Path, dict]]] = {}
+# One process priming a probe directory (argv[1]); it prints what it did: how many test programs
+# Inductor's probe loaded in a child process, the ISA and flags picked, whether a recorded answer
+# was taken. tests/backends/test_cpu_isa.py reads the session's first run as its own first.
+PROBE_SCRIPT = """
+import json, sys
+from torch._inductor import cpu_vec_isa
+calls = [0]
+real = cpu_vec_isa.VecISA._probe_load
+def counting(self, path):
+    calls[0] += 1
+    return real(self, path)
+cpu_vec_isa.VecISA._probe_load = counting
+from atom_compile.backends import cpu_isa, inductor
+inductor.prime_cpu_isa(sys.argv[1], None)
+with cpu_isa.patches():
+    picked = cpu_vec_isa.pick_vec_isa()
+    isa, flags = str(picked), picked.build_arch_flags()
+print(json.dumps({"probes": calls[0], "isa": isa, "flags": flags, "answered": cpu_isa.answered()}))
+"""
 
 
-def session_answer() -> Optional[bytes]:
-    """The recorded answer of one probe (made once per test process), or None where the probe
-    is not recorded (not x86, or Inductor's internals moved): then nothing is seeded."""
-    if "answer" not in _ANSWER:
-        _ANSWER["answer"] = None
+def prime(directory: Path) -> dict:
+    """PROBE_SCRIPT in a fresh process on `directory`: its report."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-c", PROBE_SCRIPT, str(directory)], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def session_probe() -> Optional[tuple[Path, dict]]:
+    """The session's one probe (made once per test process, in a new private directory): the
+    directory and the report of the process that probed there first; None where not x86."""
+    if "probe" not in _SESSION:
+        _SESSION["probe"] = None
         if platform.machine() in ("x86_64", "AMD64"):
             directory = Path(tempfile.mkdtemp(prefix="atom-test-isa-")) / "isa_probe"
             directory.mkdir(mode=0o700)
-            env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-            proc = subprocess.run([sys.executable, "-c", _PROBE, str(directory)], capture_output=True, text=True,
-                                  env=env, timeout=300)
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            answer = directory / ANSWER_FILE
-            _ANSWER["answer"] = answer.read_bytes() if answer.is_file() else None
-    return _ANSWER["answer"]
+            _SESSION["probe"] = (directory, prime(directory))
+    return _SESSION["probe"]
+
+
+def session_answer() -> Optional[bytes]:
+    """The recorded answer of the session's probe, or None where the probe is not recorded (not
+    x86, or Inductor's internals moved): then nothing is seeded."""
+    probe = session_probe()
+    answer = probe[0] / ANSWER_FILE if probe is not None else None
+    return answer.read_bytes() if answer is not None and answer.is_file() else None
 
 
 def seeded(root: Path) -> Path:
