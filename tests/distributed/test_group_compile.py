@@ -113,8 +113,10 @@ def test_torchrun_group_compiles_each_piece_once_on_one_owner(tmp_path):
     libs = [{p.name: p.stat().st_ino for p in root.glob(f"torch_compile_cache/*/rank_{r}/*/inductor/**/*.so")}
             for r in range(2)]
     assert libs[0] and libs[0] == libs[1], libs
-    # a warm torchrun group compiles nothing: test_compile_sizes_and_ranges_join_the_agreement's
-    # second run (and test_tp.py's warm group, on a cache one owner compiled)
+
+    warm = _torchrun(tmp_path, "warm", root)
+    assert all(r["max_abs_err"] < TOL for r in warm)
+    assert total(warm, "num_inductor_compiles") == 0 and total(warm, "num_cache_errors") == 0
 
 
 def test_compile_sizes_and_ranges_join_the_agreement(tmp_path):
