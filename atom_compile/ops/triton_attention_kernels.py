@@ -185,10 +185,8 @@ def _attention_kernel(
     if span < active:
         first = span * keys_per_split
         last = tl.minimum(n_keys, first + keys_per_split)
-        if WRITE_KV:
-            cached_end = tl.minimum(last, pos)  # the cache holds keys [0, pos); key pos is new
-        else:
-            cached_end = last
+        # with WRITE_KV the cache holds keys [0, pos) and key pos is new
+        cached_end = tl.minimum(last, pos) if WRITE_KV else last
         if PREFETCH:
             k0, v0, n0 = _kv_tile(k_ptr, v_ptr, tables_ptr, seq, kv_head, first, cached_end, offs_d, d_mask,
                                   stride_kb, stride_ks, stride_kh, stride_bt, BLOCK_SIZE, BLOCK_N)

@@ -19,7 +19,8 @@ def install_write_failures(root: str, kind: str) -> None:
 
     def under_root(path) -> bool:
         try:
-            return os.path.realpath(os.fsdecode(path)).startswith(root)
+            real = os.path.realpath(os.fsdecode(path))
+            return real == root or real.startswith(root + os.sep)  # not a sibling like root + ".prof"
         except (TypeError, ValueError):
             return False
 
