@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import sys
 import time
@@ -165,14 +166,13 @@ def atom_arm(name: str, batches: list[int]) -> tuple[dict, contextlib.ExitStack]
         cc["inductor_compile_config"] = {"combo_kernels": True}  # the default since 2026-12-06
     if "-nocombo" in name:
         cc["inductor_compile_config"] = {"combo_kernels": False}
-    from atom_compile import envs
     from atom_compile.ops import triton_linear
 
     patches = contextlib.ExitStack()
-    if "-prefetch" in name:  # as ATOM_COMPILE_PREFETCH=1 (its twins compiled with new shapes only)
-        patches.enter_context(mock.patch.object(envs, "prefetch", lambda kind=None: True))
-    if "-attnpf" in name:  # as ATOM_COMPILE_PREFETCH=attention: the attention's reads only
-        patches.enter_context(mock.patch.object(envs, "prefetch", lambda kind=None: kind in (None, "attention")))
+    if "-prefetch" in name:  # ATOM_COMPILE_PREFETCH=1 (its twins compiled with new shapes only)
+        patches.enter_context(mock.patch.dict(os.environ, {"ATOM_COMPILE_PREFETCH": "1"}))
+    if "-attnpf" in name:  # ATOM_COMPILE_PREFETCH=attention: the attention's reads only
+        patches.enter_context(mock.patch.dict(os.environ, {"ATOM_COMPILE_PREFETCH": "attention"}))
     if "-dots" in name:  # 2-8 rows of every projection on the padded dots, not cuBLAS
         patches.enter_context(mock.patch.object(triton_linear, "DOT_MIN_N", 0))
     if "-splitk" in name:  # 2-8 rows of the narrower projections on the split-K dots (the default)
@@ -209,19 +209,26 @@ def run_arm(name: str, batches: list[int], context: int, steps: int, block: int)
     return out, extra
 
 
-def _run_atom(cc: dict, batches: list[int], context: int, steps: int, block: int, max_seqs: int) -> tuple[dict, dict]:
+def recorded_runner(cc: dict, max_seqs: int, context: int, block: int, share=None):
+    """(model, runner, blocks per sequence, capture seconds, captured sizes): an atom arm
+    compiled, then its ladder recorded in a graph pool of its own (`share`: as build's)."""
     import atom_compile as ac
     from atom_compile.runtime import ModelRunner
     from atom_compile.runtime.graphs import reset_graph_pool
 
-    cfg, model, builder, bps = build(cc, max_seqs, context, block)
+    cfg, model, builder, bps = build(cc, max_seqs, context, block, share=share)
     runner = ModelRunner(model, cfg, builder)
     # the first call compiles; the capture's warm-up would do it, but time compile and capture apart
     ids, pos, meta, ctx = builder.build_for_capture(max_seqs, 1)
     with torch.inference_mode(), ac.set_forward_context(meta, cfg, ctx, no_compile_layers=model.no_compile_layers):
         model(ids, pos)
-    reset_graph_pool()  # this arm's graphs only: the arms before it are gone
+    reset_graph_pool()  # a pool of this arm's own (graphs recorded before keep theirs)
     seconds, sizes = runner.capture_cudagraph()
+    return model, runner, bps, seconds, sizes
+
+
+def _run_atom(cc: dict, batches: list[int], context: int, steps: int, block: int, max_seqs: int) -> tuple[dict, dict]:
+    _, runner, bps, seconds, sizes = recorded_runner(cc, max_seqs, context, block)
     pool = list(runner.capture_pool_bytes.values())
     extra = {"capture_seconds": seconds, "captured_sizes": len(sizes),
              "capture_first_seconds": runner.capture_first_seconds,

@@ -28,7 +28,7 @@ import sys
 
 import torch
 
-from decode import _label, atom_arm, build, decode_steps, kv_bytes, _weight_bytes, copy_bandwidth
+from decode import _label, atom_arm, decode_steps, kv_bytes, _weight_bytes, copy_bandwidth, recorded_runner
 
 
 def _fresh_launchers() -> None:
@@ -45,10 +45,6 @@ def _fresh_launchers() -> None:
 
 def record(names: list[str], batches: list[int], context: int, block: int) -> list[tuple[str, object, int]]:
     """Every arm compiled and its ladder recorded, on the first arm's weights and KV caches."""
-    import atom_compile as ac
-    from atom_compile.runtime import ModelRunner
-    from atom_compile.runtime.graphs import reset_graph_pool
-
     arms, base, taken = [], None, {}
     for name in names:
         cc, switches = atom_arm(name, batches)
@@ -56,13 +52,7 @@ def record(names: list[str], batches: list[int], context: int, block: int) -> li
             sys.exit(f"{name}: decode_ab.py pairs FULL-graph arms only")
         _fresh_launchers()
         with switches:
-            cfg, model, builder, bps = build(cc, 512, context, block, share=base)
-            runner = ModelRunner(model, cfg, builder)
-            ids, pos, meta, ctx = builder.build_for_capture(512, 1)
-            with torch.inference_mode(), ac.set_forward_context(meta, cfg, ctx, no_compile_layers=model.no_compile_layers):
-                model(ids, pos)
-            reset_graph_pool()  # a pool of this arm's own: the arms before keep theirs
-            seconds, _ = runner.capture_cudagraph()
+            model, runner, bps, seconds, _ = recorded_runner(cc, 512, context, block, share=base)
         print(f"{name}: recorded in {seconds:.1f}s", flush=True)
         base = base or model
         label = _label(name, taken)
