@@ -32,16 +32,16 @@ PDL_OPTION = "triton.enable_pdl"  # Inductor's programmatic dependent launch (to
 COMBO_OPTION = "combo_kernels"  # Inductor's horizontal fusion of a piece's independent kernels
 
 
-def _inductor_has_pdl() -> bool:
+def _inductor_has(option: str) -> bool:
+    """Whether this torch's Inductor config has `option` (a dotted name, as the options dict spells it)."""
     import torch._inductor.config as inductor_config
 
-    return hasattr(inductor_config.triton, "enable_pdl")
-
-
-def _inductor_has_combo() -> bool:
-    import torch._inductor.config as inductor_config
-
-    return hasattr(inductor_config, COMBO_OPTION)
+    node = inductor_config
+    for part in option.split("."):
+        if not hasattr(node, part):
+            return False
+        node = getattr(node, part)
+    return True
 
 
 class PostGradPasses(CustomGraphPass):
@@ -72,12 +72,12 @@ def compiler_config(cc: CompilationConfig) -> dict[str, Any]:
     {"combo_kernels": False} keeps them off)."""
     out = dict(cc.inductor_compile_config)
     out.update(graph_partition.inductor_options(cc, DEFAULT_SPLITTING_OPS))
-    if PDL_OPTION not in out and _inductor_has_pdl():
+    if PDL_OPTION not in out and _inductor_has(PDL_OPTION):
         # Inductor's Triton kernels wait for the kernel before and let the next one launch
         # early: on GPUs of compute capability >= 9 only (Inductor checks), as ours do
         # (ops/pdl.py); a decode step is some 130 kernels of a few microseconds each
         out[PDL_OPTION] = True
-    if COMBO_OPTION not in out and _inductor_has_combo():
+    if COMBO_OPTION not in out and _inductor_has(COMBO_OPTION):
         # independent pointwise kernels of a piece (a layer's RoPE of q and of k) launched as
         # one: 1.5% off the decode step on an H100 (benchmarks/decode_ab.py); Inductor leaves
         # CPU kernels out of them
