@@ -82,6 +82,11 @@ class CompilationConfig:
     # projection: one launch at one token, no RoPE kernels. Off: on an H100 the step is no
     # faster (BENCHMARKS.md, benchmarks/decode.py -rope arms); needs small_m_linear_pass. Keyed when on.
     rope_pass: bool = False
+    # Reductions along a row of up to this many elements (an RMSNorm over the hidden size) run
+    # as Inductor's persistent reductions, one read of the row, where Inductor stops at 1024
+    # (backends/reductions.py): 2.2% off the decode step at batch 1 on an H100. 0 leaves
+    # Inductor's choice. Keyed when not 0.
+    persistent_reduction_max: int = 8192
     inductor_compile_config: dict = field(default_factory=dict)
     debug_dump_path: str = ""
     cache_dir: str = ""
@@ -107,6 +112,9 @@ class CompilationConfig:
             if name == "glu_pass" and self.glu_pass is None:  # the default: follows small_m_linear_pass
                 continue
             setattr(self, name, _check_bool(f"CompilationConfig.{name}", getattr(self, name)))
+        limit = self.persistent_reduction_max
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ConfigError("CompilationConfig.persistent_reduction_max", limit, "an int >= 0 (0: Inductor's choice)")
         for name in ("prologue_pass", "glu_pass", "rope_pass"):
             if getattr(self, name) and not self.small_m_linear_pass:
                 raise ConfigError(f"CompilationConfig.{name}", True,
@@ -214,6 +222,8 @@ class CompilationConfig:
                          ("rope_pass", self.rope_pass)):  # keyed when on
             if on:
                 factors[name] = True
+        if self.persistent_reduction_max:
+            factors["persistent_reduction_max"] = self.persistent_reduction_max
         return factors
 
     def glu_fused(self) -> bool:

@@ -14,7 +14,10 @@ the attention its cached keys before their PDL wait, for an A/B of the prefetch 
 run it first, its twins compile with new shapes only) or `-attnpf` (ATOM_COMPILE_PREFETCH=attention:
 the attention's reads only) and as `-dots` (2-8 rows of every
 projection on the small-M kernel's padded tensor-core dots rather than cuBLAS) or `-splitk` (the split-K dots,
-ops/triton_splitk.py, the default since 2026-12-06) or `-nosplitk` (cuBLAS for those); and
+ops/triton_splitk.py, the default since 2026-12-06) or `-nosplitk` (cuBLAS for those); and as
+`-nopnorm` (persistent_reduction_max=0: the norms as Inductor's two-pass loops, as up to
+1029ea9) and `-attnold` (the decode attention's tuning rule up to 1029ea9) or `-attnPxBxW`
+(that tuning at every batch: programs per SM, keys per step, warps); and
 `peer`, a plain-PyTorch decoder of the same dimensions (static KV, SDPA,
 benchmarks/_peer_decoder.py) under torch.compile(mode="reduce-overhead"), one compile per batch.
 Batches of 1, 8, 32 and 128 sequences, each with a 1k-token context already in the paged KV
@@ -34,6 +37,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -179,7 +183,28 @@ def atom_arm(name: str, batches: list[int]) -> tuple[dict, contextlib.ExitStack]
         patches.enter_context(mock.patch.object(triton_linear, "SPLIT_K_ROWS", True))
     if "-nosplitk" in name:  # as ATOM_COMPILE_SPLIT_K=0: cuBLAS for them
         patches.enter_context(mock.patch.object(triton_linear, "SPLIT_K_ROWS", False))
+    if "-nopnorm" in name:  # norms as Inductor's two-pass loops (its own limit; as up to 1029ea9)
+        cc["persistent_reduction_max"] = 0
+    attn = re.search(r"-attn(\d+)x(\d+)x(\d+)", name)
+    if attn:  # -attnPxBxW: the decode attention's tuning at every batch (programs per SM, keys per step, warps)
+        patches.enter_context(_attention_tuning(tuple(int(g) for g in attn.groups())))
+    if "-attnold" in name:  # the attention's tuning rule up to 1029ea9 (two tiers, split at the SM count)
+        patches.enter_context(_attention_tuning(None))
     return cc, patches
+
+
+@contextlib.contextmanager
+def _attention_tuning(forced):
+    from atom_compile.ops import triton_attention as ta
+
+    def old_rule(pairs, device):
+        return ta.Tuning(2, 128, 4) if pairs < ta._sms(device) else ta.MANY_PAIRS
+
+    ta._plans.clear()  # plans are cached per shape: recompute them under this tuning
+    patch = mock.patch.object(ta, "FORCED", ta.Tuning(*forced)) if forced else mock.patch.object(ta, "tuning_for", old_rule)
+    with patch:
+        yield
+    ta._plans.clear()
 
 
 def run_arm(name: str, batches: list[int], context: int, steps: int, block: int) -> tuple[dict, dict]:

@@ -21,6 +21,7 @@ from ..config import DEFAULT_SPLITTING_OPS, CompilationConfig
 from ..ops import glu_linear, linear, prologue_linear, rope_linear  # noqa: F401
 from ..passes import pass_factors, resolve_pass
 from . import graph_partition
+from .reductions import ROW_LIMIT_KEY
 from .residual_add import ResidualAddPass
 from .glu_pass import GluPass
 from .prologue_pass import ProloguePass
@@ -69,7 +70,7 @@ def compiler_config(cc: CompilationConfig) -> dict[str, Any]:
     epilogues, prologues: an MLP's activation goes into gate_up rather than into down), Inductor
     graph partition's (when use_inductor_graph_partition is on), and PDL and combo kernels on
     where Inductor has them (inductor_compile_config={"triton.enable_pdl": False} or
-    {"combo_kernels": False} keeps them off)."""
+    {"combo_kernels": False} keeps them off), and the persistent rows' limit (reductions.py)."""
     out = dict(cc.inductor_compile_config)
     out.update(graph_partition.inductor_options(cc, DEFAULT_SPLITTING_OPS))
     if PDL_OPTION not in out and _inductor_has(PDL_OPTION):
@@ -82,6 +83,8 @@ def compiler_config(cc: CompilationConfig) -> dict[str, Any]:
         # one: 1.5% off the decode step on an H100 (benchmarks/decode_ab.py); Inductor leaves
         # CPU kernels out of them
         out[COMBO_OPTION] = True
+    if cc.persistent_reduction_max:
+        out[ROW_LIMIT_KEY] = cc.persistent_reduction_max
     passes = ([ResidualAddPass()] if cc.residual_add_pass else []) \
         + ([SmallMLinearPass()] if cc.small_m_linear_pass else []) \
         + ([GluPass()] if cc.glu_fused() else []) + ([RopePass()] if cc.rope_pass else []) \

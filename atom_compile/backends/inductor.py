@@ -19,7 +19,7 @@ import torch.fx as fx
 from ..config import CompilationConfig
 from ..counters import compilation_counter
 from ..ops import kernel_dir
-from . import cpu_isa
+from . import cpu_isa, reductions
 from .base import CompilerInterface, EagerAdaptor, Handle
 
 logger = logging.getLogger("atom_compile")
@@ -40,6 +40,7 @@ def _graph_device(example_inputs: list[Any]) -> str:
 
 def _config_patches(compiler_config: dict[str, Any], runtime_shape: Optional[int], device: str) -> dict:
     patches = dict(compiler_config or {})
+    patches.pop(reductions.ROW_LIMIT_KEY, None)  # ours, not Inductor's: see _codegen_choices
     # The runtime half owns CUDA graphs; Inductor must not capture its own.
     patches.setdefault("triton.cudagraphs", False)
     if device == "cpu":
@@ -50,6 +51,11 @@ def _config_patches(compiler_config: dict[str, Any], runtime_shape: Optional[int
         patches.setdefault("max_autotune", True)
         patches.setdefault("coordinate_descent_tuning", True)
     return patches
+
+
+def _codegen_choices(compiler_config: Optional[dict[str, Any]]):
+    """The Inductor heuristics a piece compiles under (backends/reductions.py)."""
+    return reductions.persistent_rows((compiler_config or {}).get(reductions.ROW_LIMIT_KEY, 0))
 
 
 def ensure_tuple_output(graph: fx.GraphModule) -> tuple[fx.GraphModule, bool]:
@@ -176,7 +182,8 @@ class InductorStandaloneAdaptor(CompilerInterface):
             prime_cpu_isa(self.isa_dir, self.inductor_dir)
         elif device == "cuda":
             kernel_dir.prepare_triton_driver()
-        with torch.no_grad(), inductor_files_in(self.inductor_dir if key is not None else None):
+        with torch.no_grad(), inductor_files_in(self.inductor_dir if key is not None else None), \
+                _codegen_choices(compiler_config):
             artifact = torch._inductor.standalone_compile(
                 graph, list(example_inputs), dynamic_shapes=dynamic_shapes,
                 options={"config_patches": patches},
@@ -302,7 +309,8 @@ class InductorAdaptor(CompilerInterface):
         compilation_counter.num_inductor_compiles += 1
         patches = _config_patches(compiler_config, runtime_shape, _graph_device(example_inputs))
         captured: dict = {}
-        fn = self._compile_fx(graph, example_inputs, patches, captured)
+        with _codegen_choices(compiler_config):
+            fn = self._compile_fx(graph, example_inputs, patches, captured)
         handle = None
         if self.cache_dir is not None and key is not None and captured.get("key"):
             handle = self._save_entry(captured["key"], key, patches)

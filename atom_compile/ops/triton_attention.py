@@ -33,11 +33,17 @@ class Tuning:
     num_warps: int
 
 
-# Measured on an H200 (benchmarks/attention_kernel.py --sweep, BENCHMARKS.md): while the
-# launch has fewer (row, KV head) pairs than multiprocessors, the rows are split into spans and
-# long steps of four warps win (fewer partials to merge); once the pairs fill the GPU, short
-# steps of two warps (more programs resident per multiprocessor) do.
-FEW_PAIRS = Tuning(programs_per_sm=2, block_n=128, num_warps=4)
+# Measured in the decode step on an H100 (benchmarks/decode_ab.py: paired, every arm on the same
+# weights; BENCHMARKS.md), by how many (row, KV head) pairs a launch has per multiprocessor:
+# - under a tenth (batch 1 of an 8-KV-head model): the spans' programs number fewer than the
+#   multiprocessors, and long steps of four warps win;
+# - up to about a third (batches 2 and 4): the same spans on two warps, 3.5% off the step;
+# - more: short steps of two warps, more spans (2.7% off at batch 8; at 16 within 0.2% of the
+#   long steps; past the multiprocessor count, where the spans stop, the H200 sweep of
+#   attention_kernel.py chose it).
+# An isolated sweep of the kernel alone (attention after attention) ranked them otherwise.
+FEW_PAIRS = ((0.1, Tuning(programs_per_sm=2, block_n=128, num_warps=4)),
+             (0.35, Tuning(programs_per_sm=2, block_n=128, num_warps=2)))  # (pairs per SM below, tuning)
 MANY_PAIRS = Tuning(programs_per_sm=4, block_n=64, num_warps=2)
 FORCED: Optional[Tuning] = None  # set by the sweep to time one tuning at every shape
 MAX_SPLITS = 64  # bounds the merge's [spans, head_dim] tile (registers) at very long contexts
@@ -55,7 +61,8 @@ def tuning_for(pairs: int, device: torch.device) -> Tuning:
     """The kernel's tuning for a launch of `pairs` (rows x KV heads) on `device`."""
     if FORCED is not None:
         return FORCED
-    return FEW_PAIRS if pairs < _sms(device) else MANY_PAIRS
+    per_sm = pairs / _sms(device)
+    return next((tuning for below, tuning in FEW_PAIRS if per_sm < below), MANY_PAIRS)
 
 
 @dataclass(frozen=True)
@@ -216,7 +223,7 @@ def ticket_counters(elements: int, device: torch.device) -> torch.Tensor:
     if current is None or current.numel() < elements:
         # at least one counter per program a batch-1 launch aims for: a row count that splits its
         # keys has rows * kv_heads below that, so the buffer hardly ever grows
-        size = max(elements, FEW_PAIRS.programs_per_sm * _sms(device), 1024)
+        size = max(elements, max(t.programs_per_sm for _, t in FEW_PAIRS) * _sms(device), 1024)
         current = torch.zeros(size, dtype=torch.int32, device=device)
         _tickets[device] = current
         if _capturing(device):  # the zeroing was recorded into the graph, not run

@@ -105,10 +105,10 @@ def test_one_launch_split_k_matches_reference(tri, monkeypatch, dtype, heads, kv
     assert int(tri._tickets[q.device].abs().sum()) == 0  # every ticket counter back at 0
 
 
-@pytest.mark.parametrize("tuning", ["FEW_PAIRS", "MANY_PAIRS"])
-def test_both_tunings_match_the_reference(tri, monkeypatch, tuning):
-    # the rule picks by (rows x KV heads) against the GPU's multiprocessors; force each one
-    monkeypatch.setattr(tri, "FORCED", getattr(tri, tuning))
+@pytest.mark.parametrize("tuning", [0, 1, "MANY_PAIRS"])
+def test_every_tuning_matches_the_reference(tri, monkeypatch, tuning):
+    # the rule picks by (rows x KV heads) per multiprocessor; force each one
+    monkeypatch.setattr(tri, "FORCED", tri.MANY_PAIRS if tuning == "MANY_PAIRS" else tri.FEW_PAIRS[tuning][1])
     q, k, v, cache, meta = _case([1, 64, 129, 1000, 37], 1, 8, 2, 64, torch.float16, pad_seqs=1, seed=11)
     plan = tri._plan_for(q, cache[0], meta)
     assert (plan.block_n, plan.num_warps) == (tri.FORCED.block_n, tri.FORCED.num_warps) and plan.num_splits > 1
