@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Union
 
 from .errors import AtomTypeError, ConfigError
-from .config_checks import (CAPTURE_SIZES_TOKEN, _check_bool, _check_budget, _check_graph_partition, _check_size,
+from .config_checks import (CAPTURE_SIZES_TOKEN, _check_bool, _check_budget, _check_count, _check_graph_partition, _check_size,
                             _jsonable, _range_list, _size_list, default_capture_ladder, normalize_op_name)
 from .host_config import HostConfig
 from .modes import CompilationLevel, CUDAGraphMode
@@ -112,17 +112,14 @@ class CompilationConfig:
             if name == "glu_pass" and self.glu_pass is None:  # the default: follows small_m_linear_pass
                 continue
             setattr(self, name, _check_bool(f"CompilationConfig.{name}", getattr(self, name)))
-        limit = self.persistent_reduction_max
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-            raise ConfigError("CompilationConfig.persistent_reduction_max", limit, "an int >= 0 (0: Inductor's choice)")
+        self.persistent_reduction_max = _check_count("CompilationConfig.persistent_reduction_max",
+                                                     self.persistent_reduction_max, "Inductor's choice")
         for name in ("prologue_pass", "glu_pass", "rope_pass"):
             if getattr(self, name) and not self.small_m_linear_pass:
                 raise ConfigError(f"CompilationConfig.{name}", True,
                                   "True only with small_m_linear_pass (it fuses into that pass's calls)")
         if self.cudagraph_mode is not None:
-            self.cudagraph_mode = CUDAGraphMode.parse(
-                self.cudagraph_mode, "CompilationConfig.cudagraph_mode"
-            )
+            self.cudagraph_mode = CUDAGraphMode.parse(self.cudagraph_mode, "CompilationConfig.cudagraph_mode")
         if self.cudagraph_capture_sizes is not None:
             self.cudagraph_capture_sizes = _size_list(
                 "CompilationConfig.cudagraph_capture_sizes", self.cudagraph_capture_sizes

@@ -41,6 +41,13 @@ def _check_size(field_name: str, value: Any, upper: int | None = None, upper_nam
     return value
 
 
+def _check_count(field_name: str, value: Any, zero_means: str) -> int:
+    """An int >= 0 (bools are refused), where 0 means `zero_means`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(field_name, value, f"an int >= 0 (0: {zero_means})")
+    return value
+
+
 def _check_bool(field_name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(field_name, value, "True or False")
