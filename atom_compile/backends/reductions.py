@@ -4,13 +4,16 @@ Inductor keeps a row in registers (a persistent reduction: the row is read once)
 1024 elements along it (InductorChoices.should_use_persistent_reduction). A longer row runs as
 a loop that reads it twice: once for the sum, once to scale it. An RMSNorm over a 2048-8192
 hidden is such a row; at decode's few rows its kernel is a program or a few, and each pass is a
-round trip to memory. On an H100 the one-pass norms take 2.2% off the decode step at batch 1
+round trip to memory. On an H100 the one-pass norms take 2.0% off the decode step at batch 1
 and 1.3% at batch 8 (benchmarks/decode_ab.py, BENCHMARKS.md).
 
 While a piece compiles, `persistent_rows(limit)` sets Inductor's choices handler to one that
 also keeps rows of up to `limit` elements along the innermost dimension in registers; Inductor
 makes every other choice as before. CompilationConfig.persistent_reduction_max sets the limit
-and enters the key. A choices handler the user installed stays in charge.
+and enters our key. A choices handler the user installed stays in charge. Inductor's own
+FX-graph cache does not key the handler; ours points Inductor's files at a directory of the
+config's hash, and with our cache off a graph compiled under another limit may be reused from
+Inductor's (its code is right either way).
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ def _choices_class() -> Optional[type]:
             super().__init__()
             self.limit = limit
 
-        def should_use_persistent_reduction(self, features, cooperative_reduction):  # noqa: D102
+        def should_use_persistent_reduction(self, features, cooperative_reduction):
             if (not cooperative_reduction and features.get_reduction_hint() == ReductionHint.INNER
                     and V.graph.sizevars.statically_known_leq(features.reduction_numel, self.limit)):
                 return True

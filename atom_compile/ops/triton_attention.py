@@ -37,7 +37,7 @@ class Tuning:
 # weights; BENCHMARKS.md), by how many (row, KV head) pairs a launch has per multiprocessor:
 # - under a tenth (batch 1 of an 8-KV-head model): the spans' programs number fewer than the
 #   multiprocessors, and long steps of four warps win;
-# - up to about a third (batches 2 and 4): the same spans on two warps, 3.5% off the step;
+# - up to about a third (batches 2 and 4): the same spans on two warps, 3-4% off the step;
 # - more: short steps of two warps, more spans (2.7% off at batch 8; at 16 within 0.2% of the
 #   long steps; past the multiprocessor count, where the spans stop, the H200 sweep of
 #   attention_kernel.py chose it).
