@@ -8,8 +8,11 @@ round trip to memory. On an H100 the one-pass norms take 2.0% off the decode ste
 and 1.3% at batch 8 (benchmarks/decode_ab.py, BENCHMARKS.md).
 
 While a piece compiles, `persistent_rows(limit)` sets Inductor's choices handler to one that
-also keeps rows of up to `limit` elements along the innermost dimension in registers; Inductor
-makes every other choice as before. CompilationConfig.persistent_reduction_max sets the limit
+also keeps rows of up to `limit` elements along the innermost dimension in registers where
+Inductor refused only for their length: it asks Inductor's own heuristic again with the size
+threshold of Inductor's multi-kernel mode (16 times the usual, 16384 along a row), so every other
+rule of it (its switch, the block size a strict sum needs) still holds, and a row longer than
+that stays a loop whatever the limit. CompilationConfig.persistent_reduction_max sets the limit
 and enters our key. A choices handler the user installed stays in charge. Inductor's own
 FX-graph cache does not key the handler; ours points Inductor's files at a directory of the
 config's hash, and with our cache off a graph compiled under another limit may be reused from
@@ -36,6 +39,7 @@ def _choices_class() -> Optional[type]:
     """The handler class, or None where this torch's Inductor decides otherwise (no choices
     handler, or a persistent-reduction heuristic of another shape)."""
     try:
+        from torch._inductor import config as inductor_config
         from torch._inductor.choices import InductorChoices
         from torch._inductor.runtime.hints import ReductionHint
         from torch._inductor.virtualized import V
@@ -55,10 +59,15 @@ def _choices_class() -> Optional[type]:
             self.limit = limit
 
         def should_use_persistent_reduction(self, features, cooperative_reduction):
-            if (not cooperative_reduction and features.get_reduction_hint() == ReductionHint.INNER
-                    and V.graph.sizevars.statically_known_leq(features.reduction_numel, self.limit)):
+            if base(features, cooperative_reduction):
                 return True
-            return base(features, cooperative_reduction)
+            if (cooperative_reduction or features.get_reduction_hint() != ReductionHint.INNER
+                    or not V.graph.sizevars.statically_known_leq(features.reduction_numel, self.limit)):
+                return False
+            # Inductor's own rules (its switch, strict sums' block size, ...) with only its size
+            # threshold widened: its multi-kernel mode multiplies that threshold by 16
+            with inductor_config.patch({"triton.multi_kernel": 1}):
+                return base(features, cooperative_reduction)
 
         def uuid(self) -> str:  # Inductor keys its own cache by this where it asks
             return f"atom-compile-row-reductions-{self.limit}"

@@ -5,6 +5,7 @@ import pytest
 import sympy
 import torch
 from torch._inductor.choices import InductorChoices
+from torch._inductor.codegen.simd_kernel_features import SIMDKernelFeatures
 from torch._inductor.runtime.hints import ReductionHint
 from torch._inductor.sizevars import SizeVarAllocator
 from torch._inductor.virtualized import V
@@ -19,38 +20,51 @@ pytestmark = pytest.mark.skipif(not reductions.supported(),
 
 
 class _Features:
-    """What Inductor hands the heuristic about one reduction: its hint and its length."""
+    """What Inductor's heuristic reads of one reduction kernel: its hint and length, and (torch
+    >= 2.14) the block size a strict sum needs (None: no strict sum)."""
 
-    def __init__(self, hint, numel):
-        self.hint, self.reduction_numel = hint, sympy.Integer(numel)
+    def __init__(self, hint, numel, strict_rblock=None):
+        self.hint, self.reduction_numel, self.numel = hint, sympy.Integer(numel), sympy.Integer(1)
+        self.strict_rblock = strict_rblock
 
     def get_reduction_hint(self):
         return self.hint
+
+    def strict_sum_rblock(self):
+        return self.strict_rblock
+
+    def has_strict_sum_multirow_reduction(self):
+        return False
 
 
 class _Graph:
     sizevars = SizeVarAllocator()
 
 
-def _answer(choices, features, cooperative=False):
-    # Inductor's own heuristic may read more of the kernel than the stand-in holds (newer ones do)
-    try:
-        return choices.should_use_persistent_reduction(features, cooperative)
-    except AttributeError as exc:
-        return f"asked for more: {exc}"
+def _inductors(features, cooperative=False):
+    return InductorChoices.should_use_persistent_reduction(features, cooperative)
 
 
 def test_rows_up_to_the_limit_reduce_in_one_pass_and_inductor_decides_the_rest():
     with V.set_graph_handler(_Graph()), reductions.persistent_rows(4096):
-        ours = V.choices
-        assert ours.should_use_persistent_reduction(_Features(ReductionHint.INNER, 2048), False) is True
-        assert ours.should_use_persistent_reduction(_Features(ReductionHint.INNER, 4096), False) is True
-        # past the limit, or along another dimension: whatever Inductor's own heuristic answers
-        for hint, numel in ((ReductionHint.INNER, 8192), (ReductionHint.OUTER, 2048), (ReductionHint.INNER, 512)):
-            assert _answer(ours, _Features(hint, numel)) == _answer(InductorChoices, _Features(hint, numel))
-        # split across programs (a cooperative reduction): Inductor's too
-        features = _Features(ReductionHint.INNER, 2048)
-        assert _answer(ours, features, True) == _answer(InductorChoices, features, True)
+        ours = V.choices.should_use_persistent_reduction
+        for numel in (2048, 4096):  # Inductor alone: a loop (its limit is 1024)
+            assert ours(_Features(ReductionHint.INNER, numel), False) and not _inductors(_Features(ReductionHint.INNER, numel))
+        # past the limit, along another dimension, shorter rows, split across programs: Inductor's answer
+        for hint, numel, cooperative in ((ReductionHint.INNER, 8192, False), (ReductionHint.OUTER, 2048, False),
+                                         (ReductionHint.INNER, 512, False), (ReductionHint.INNER, 2048, True)):
+            features = _Features(hint, numel)
+            assert ours(features, cooperative) == _inductors(features, cooperative)
+        # Inductor's own switch still holds
+        with torch._inductor.config.patch({"triton.persistent_reductions": False}):
+            assert not ours(_Features(ReductionHint.INNER, 2048), False)
+
+
+@pytest.mark.skipif(not hasattr(SIMDKernelFeatures, "strict_sum_rblock"), reason="this Inductor has no strict sums")
+def test_a_strict_sum_keeps_the_block_size_inductor_requires():
+    with V.set_graph_handler(_Graph()), reductions.persistent_rows(4096):
+        assert not V.choices.should_use_persistent_reduction(_Features(ReductionHint.INNER, 2048, 1024), False)
+        assert V.choices.should_use_persistent_reduction(_Features(ReductionHint.INNER, 2048, 2048), False)
 
 
 def test_the_handler_is_set_while_entered_and_a_users_own_stays_in_charge():
