@@ -58,16 +58,13 @@ def _host(fn, n: int) -> float:
     return statistics.median(times)
 
 
-def _graph_of(runner, ids):
-    """The recorded graph and output the runner replays for this step."""
-    seen = []
-    replay = runner.req_graph.replay
-    runner.req_graph.replay = lambda bucket: (seen.append(bucket), replay(bucket))[1]
-    try:
-        runner.run_model(ids)
-    finally:
-        runner.req_graph.replay = replay
-    return runner.req_graph.graphs[seen[0]]
+def _graph_of(runner):
+    """The recorded graph and output the runner replays for the step in the forward context
+    (its bucket, as run_model looks it up)."""
+    from atom_compile import get_forward_context, request_bucket
+
+    fc = get_forward_context()
+    return runner.req_graph.graphs[request_bucket(fc.context.running_bs, fc.attn_metadata.max_seqlen_q)]
 
 
 def _kernels(fn) -> None:
@@ -103,7 +100,7 @@ def main() -> None:
     for b in batches:
         ids, scope = runner.prepare(decode_steps(b, 1024, bps))
         with scope:
-            graph, out = _graph_of(runner, ids)
+            graph, out = _graph_of(runner)
             hidden = out[:ids.shape[0]]
             parts = {"run_model": lambda: runner.run_model(ids), "graph.replay": graph.replay,
                      "logits": lambda: model.compute_logits(hidden)}
