@@ -190,9 +190,6 @@ def atom_arm(name: str, batches: list[int]) -> tuple[dict, contextlib.ExitStack]
         patches.enter_context(_attention_tuning(tuple(int(g) for g in attn.groups())))
     if "-attnold" in name:  # the attention's tuning rule up to 1029ea9 (two tiers, split at the SM count)
         patches.enter_context(_attention_tuning(None))
-    for switch, merge_here in (("-mergehere", True), ("-mergelaunch", False)):
-        if switch in name:  # the split attention's merge: by its last span (tickets), or a second launch
-            patches.enter_context(_attention_merge(merge_here))
     return cc, patches
 
 
@@ -206,16 +203,6 @@ def _attention_tuning(forced):
     ta._plans.clear()  # plans are cached per shape: recompute them under this tuning
     patch = mock.patch.object(ta, "FORCED", ta.Tuning(*forced)) if forced else mock.patch.object(ta, "tuning_for", old_rule)
     with patch:
-        yield
-    ta._plans.clear()
-
-
-@contextlib.contextmanager
-def _attention_merge(merge_here: bool):
-    from atom_compile.ops import triton_attention as ta
-
-    ta._plans.clear()
-    with mock.patch.object(ta, "MERGE_IN_LAUNCH", merge_here):
         yield
     ta._plans.clear()
 

@@ -20,7 +20,7 @@ import torch
 
 from ..errors import AtomValueError
 from . import pdl
-from .triton_attention_kernels import _attention_kernel, _merge_kernel, _write_kv_kernel
+from .triton_attention_kernels import _attention_kernel, _write_kv_kernel
 from .triton_launch import FastLaunch, cdiv, next_power_of_2
 
 
@@ -46,8 +46,6 @@ FEW_PAIRS = ((0.1, Tuning(programs_per_sm=2, block_n=128, num_warps=4)),
              (0.35, Tuning(programs_per_sm=2, block_n=128, num_warps=2)))  # (pairs per SM below, tuning)
 MANY_PAIRS = Tuning(programs_per_sm=4, block_n=64, num_warps=2)
 FORCED: Optional[Tuning] = None  # set by the sweep to time one tuning at every shape
-MERGE_IN_LAUNCH = True  # the last span merges (tickets); False: a second, small launch merges
-MERGE_WARPS = 2
 MAX_SPLITS = 64  # bounds the merge's [spans, head_dim] tile (registers) at very long contexts
 _SMS: dict = {}
 
@@ -82,8 +80,7 @@ class _Plan:
     s_pad: int  # spans padded to a power of two: the merge's tile
     scratch: int  # float32 elements: partial outputs, then (max, sum) pairs
     ml_offset: int
-    tickets: int  # int32 counters, one per (row, KV head); 0 where every row fits one span or _merge_kernel merges
-    merge_here: bool  # the attention's last span merges; else _merge_kernel after it (where split)
+    tickets: int  # int32 counters, one per (row, KV head); 0 where every row fits one span
 
 
 _plans: dict[tuple, _Plan] = {}
@@ -91,7 +88,6 @@ _plans: dict[tuple, _Plan] = {}
 # (nothing compiles in a capture)
 _attention_twins = pdl.prefetch_twins("attention")
 _attention_launch = FastLaunch(_attention_kernel, twins=lambda c: _attention_twins(c) if c["WRITE_KV"] else [])
-_merge_launch = FastLaunch(_merge_kernel)
 
 
 def _spans(capacity: int, groups: int, device: torch.device, tuning: Tuning) -> tuple[int, int]:
@@ -108,7 +104,7 @@ def _spans(capacity: int, groups: int, device: torch.device, tuning: Tuning) -> 
 
 
 def _plan(rows: int, num_heads: int, num_kv_heads: int, head_dim: int, capacity: int, device: torch.device) -> _Plan:
-    key = (rows, num_heads, num_kv_heads, head_dim, capacity, device, FORCED, MERGE_IN_LAUNCH)
+    key = (rows, num_heads, num_kv_heads, head_dim, capacity, device, FORCED)
     plan = _plans.get(key)
     if plan is None:
         tuning = tuning_for(rows * num_kv_heads, device)
@@ -118,8 +114,7 @@ def _plan(rows: int, num_heads: int, num_kv_heads: int, head_dim: int, capacity:
         partials = rows * num_heads * num_splits if num_splits > 1 else 0
         plan = _Plan(num_splits, keys_per_split, tuning.block_n, tuning.num_warps, group,
                      max(16, next_power_of_2(group)), d_pad, next_power_of_2(num_splits), max(1, partials * (d_pad + 2)),
-                     partials * d_pad, rows * num_kv_heads if num_splits > 1 and MERGE_IN_LAUNCH else 0,
-                     MERGE_IN_LAUNCH)
+                     partials * d_pad, rows * num_kv_heads if num_splits > 1 else 0)
         _plans[key] = plan
     return plan
 
@@ -148,16 +143,17 @@ def _check_new_kv(new_kv, query, k_cache, meta) -> None:
 
 
 def _attention_launch_args(query, k_cache, v_cache, output, meta, scale: float, plan: _Plan, scratch, tickets,
-                           new_kv=None) -> list[tuple]:
-    """The attention's launches as (launcher, grid, args, constexprs, num_warps): the attention,
-    then where its spans' partials need it the merge."""
+                           new_kv=None) -> tuple:
+    """The one attention launch as (launcher, grid, args, constexprs, num_warps); `query`,
+    `output` and `new_kv` (the step's key and value to write, or None) have a contiguous last
+    dimension."""
     rows, num_heads, head_dim = query.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     tables = meta.block_tables
     kv_strides = k_cache.stride()
     key, value = new_kv if new_kv is not None else (query, query)  # unread without WRITE_KV
     early = pdl.enabled(query.device)
-    launches = [(
+    return (
         _attention_launch, (rows, num_kv_heads, plan.num_splits),
         (query, k_cache, v_cache, output, scratch, tickets, tables, meta.token_seq, meta.query_positions,
          key, value, meta.slot_mapping,
@@ -168,18 +164,9 @@ def _attention_launch_args(query, k_cache, v_cache, output, meta, scale: float, 
         {"GROUP": plan.group, "G_PAD": plan.g_pad, "BLOCK_SIZE": block_size, "BLOCK_N": plan.block_n,
          "HEAD_DIM": head_dim, "D_PAD": plan.d_pad, "S_PAD": plan.s_pad, "IEEE": k_cache.dtype == torch.float32,
          "WRITE_KV": new_kv is not None, "PDL": early,
-         "PREFETCH": new_kv is not None and pdl.prefetch(early, "attention"), "MERGE_HERE": plan.merge_here},
+         "PREFETCH": new_kv is not None and pdl.prefetch(early, "attention")},
         plan.num_warps,
-    )]
-    if plan.num_splits > 1 and not plan.merge_here:
-        launches.append((
-            _merge_launch, (rows, num_kv_heads, 1),
-            (scratch, output, meta.query_positions, output.stride(0), output.stride(1), num_heads, plan.num_splits,
-             plan.keys_per_split, plan.ml_offset),
-            {"GROUP": plan.group, "HEAD_DIM": head_dim, "D_PAD": plan.d_pad, "S_PAD": plan.s_pad, "PDL": early},
-            MERGE_WARPS,
-        ))
-    return launches
+    )
 
 
 def _plan_for(query, k_cache, meta) -> _Plan:
@@ -201,9 +188,9 @@ def triton_paged_attention(query, k_cache, v_cache, output, meta, scale: float, 
     plan = _plan_for(query, k_cache, meta)
     scratch = torch.empty(plan.scratch, dtype=torch.float32, device=query.device)
     tickets = ticket_counters(plan.tickets, query.device)
-    for launch, grid, args, constexprs, warps in _attention_launch_args(query, k_cache, v_cache, target, meta, scale,
-                                                                        plan, scratch, tickets, new_kv):
-        launch(grid, args, constexprs, num_warps=warps)
+    launch, grid, args, constexprs, warps = _attention_launch_args(query, k_cache, v_cache, target, meta, scale,
+                                                                   plan, scratch, tickets, new_kv)
+    launch(grid, args, constexprs, num_warps=warps)
     if target is not output:
         output.copy_(target)
 
@@ -260,9 +247,10 @@ def bind_paged_attention(query, k_cache, v_cache, output, meta, scale: float, ne
     plan = _plan_for(query, k_cache, meta)
     scratch = _shared_scratch(plan.scratch, query.device)
     tickets = ticket_counters(plan.tickets, query.device)
-    bound = [launch.bind(grid, args, constexprs, num_warps=warps) for launch, grid, args, constexprs, warps
-             in _attention_launch_args(query, k_cache, v_cache, output, meta, scale, plan, scratch, tickets, new_kv)]
-    return None if any(b is None for b in bound) else bound
+    launch, grid, args, constexprs, warps = _attention_launch_args(query, k_cache, v_cache, output, meta, scale,
+                                                                   plan, scratch, tickets, new_kv)
+    bound = launch.bind(grid, args, constexprs, num_warps=warps)
+    return None if bound is None else [bound]
 
 
 _write_launch = FastLaunch(_write_kv_kernel)

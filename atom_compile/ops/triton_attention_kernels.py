@@ -115,19 +115,13 @@ def _span_partial(q, k_ptr, v_ptr, tables_ptr, seq, kv_head, first, end, offs_d,
 
 
 @triton.jit
-def _store_partial(acc_ptr, ml_ptr, slot, offs_d, g_mask, m_i, l_i, acc, D_PAD: tl.constexpr):
-    # the span's partial (output, max, sum of each head of the group) to the scratch
-    tl.store(acc_ptr + slot[:, None] * D_PAD + offs_d[None, :], acc, mask=g_mask[:, None])
-    tl.store(ml_ptr + slot * 2, m_i, mask=g_mask)
-    tl.store(ml_ptr + slot * 2 + 1, l_i, mask=g_mask)
-
-
-@triton.jit
 def _publish_partial(acc_ptr, ml_ptr, ticket_ptr, slot, offs_d, g_mask, m_i, l_i, acc, D_PAD: tl.constexpr):
     # the span's partial to the scratch, then a ticket: every thread's stores come before the
     # ticket's release (CTA barrier, then a gpu-scope acq_rel add), and the program that takes
     # the last ticket acquires every span's partial with it
-    _store_partial(acc_ptr, ml_ptr, slot, offs_d, g_mask, m_i, l_i, acc, D_PAD)
+    tl.store(acc_ptr + slot[:, None] * D_PAD + offs_d[None, :], acc, mask=g_mask[:, None])
+    tl.store(ml_ptr + slot * 2, m_i, mask=g_mask)
+    tl.store(ml_ptr + slot * 2 + 1, l_i, mask=g_mask)
     tl.debug_barrier()
     return tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")
 
@@ -173,7 +167,7 @@ def _attention_kernel(
     scale, num_heads, num_kv_heads, num_splits, keys_per_split, ml_offset,
     GROUP: tl.constexpr, G_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr, IEEE: tl.constexpr, WRITE_KV: tl.constexpr,
-    PDL: tl.constexpr, PREFETCH: tl.constexpr, MERGE_HERE: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     if PDL and not PREFETCH:  # launched early: read nothing before the kernel before has finished
         wait_then_release()
@@ -223,20 +217,17 @@ def _attention_kernel(
                               stride_kh, BLOCK_SIZE)
         _finish_span(out_ptr, acc_ptr, tickets_ptr, row, heads, kv_head, span, active, num_heads, num_kv_heads,
                      num_splits, ml_offset, offs_d, g_mask, d_mask, stride_ot, stride_oh, m_i, l_i, acc,
-                     GROUP, S_PAD, D_PAD, MERGE_HERE)
+                     GROUP, S_PAD, D_PAD)
 
 
 @triton.jit
 def _finish_span(out_ptr, acc_ptr, tickets_ptr, row, heads, kv_head, span, active, num_heads, num_kv_heads,
                  num_splits, ml_offset, offs_d, g_mask, d_mask, stride_ot, stride_oh, m_i, l_i, acc,
-                 GROUP: tl.constexpr, S_PAD: tl.constexpr, D_PAD: tl.constexpr, MERGE_HERE: tl.constexpr):
-    ml_ptr = acc_ptr + ml_offset  # the partial maxima and sums follow the partial outputs
+                 GROUP: tl.constexpr, S_PAD: tl.constexpr, D_PAD: tl.constexpr):
     if active == 1:  # the whole row in one span: no partials, no ticket
         _store_heads(out_ptr, row, heads, offs_d, g_mask, d_mask, stride_ot, stride_oh, acc, l_i)
-    elif not MERGE_HERE:  # _merge_kernel, launched next, merges the spans' partials
-        _store_partial(acc_ptr, ml_ptr, (row * num_heads + heads) * num_splits + span, offs_d, g_mask, m_i, l_i,
-                       acc, D_PAD)
     else:
+        ml_ptr = acc_ptr + ml_offset  # the partial maxima and sums follow the partial outputs
         ticket_ptr = tickets_ptr + row * num_kv_heads + kv_head
         ticket = _publish_partial(acc_ptr, ml_ptr, ticket_ptr, (row * num_heads + heads) * num_splits + span,
                                   offs_d, g_mask, m_i, l_i, acc, D_PAD)
@@ -244,26 +235,6 @@ def _finish_span(out_ptr, acc_ptr, tickets_ptr, row, heads, kv_head, span, activ
             tl.store(ticket_ptr, 0)  # every span has taken its ticket: ready for the next call
             _merge_partials(acc_ptr, ml_ptr, out_ptr, row, num_heads, kv_head, num_splits, active,
                             offs_d, d_mask, stride_ot, stride_oh, GROUP, S_PAD, D_PAD)
-
-
-# The merge of a split launch (MERGE_HERE off): one program per (row, KV head) merges the
-# partials of every head of its group where the row's keys took more than one span (a row in one
-# span was stored by the attention). With PDL it is launched early and reads the row's position
-# before its wait: the attention before it never writes positions.
-@triton.jit
-def _merge_kernel(acc_ptr, out_ptr, query_pos_ptr, stride_ot, stride_oh, num_heads, num_splits, keys_per_split,
-                  ml_offset, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr,
-                  PDL: tl.constexpr):
-    row = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    pos = tl.load(query_pos_ptr + row)
-    if PDL:
-        wait_then_release()
-    active = tl.maximum(tl.cdiv(tl.maximum(pos + 1, 0), keys_per_split), 1)
-    if active > 1:
-        offs_d = tl.arange(0, D_PAD)
-        _merge_partials(acc_ptr, acc_ptr + ml_offset, out_ptr, row, num_heads, kv_head, num_splits, active, offs_d,
-                        offs_d < HEAD_DIM, stride_ot, stride_oh, GROUP, S_PAD, D_PAD)
 
 
 @triton.jit
