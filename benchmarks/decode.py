@@ -22,7 +22,8 @@ ops/triton_splitk.py, the default since 2026-12-06) or `-nosplitk` (cuBLAS for t
 benchmarks/_peer_decoder.py) under torch.compile(mode="reduce-overhead"), one compile per batch.
 Batches of 1, 8, 32 and 128 sequences, each with a 1k-token context already in the paged KV
 cache (random keys and values), so every arm times the same decode step: one token per
-sequence, logits included.
+sequence, logits included. `--table-keys N` makes the block table N keys wide (an engine's
+maximum model length; default: the context and the new token), the contexts staying as long.
 
 Also measured in the same run: the device-to-device copy bandwidth (bytes read + written), the
 floor of each batch ((weight bytes + the KV bytes the step reads) / that bandwidth) and each
@@ -74,6 +75,7 @@ def build(cc_kwargs: dict, max_seqs: int, context: int, block: int, share=None):
     from atom_compile.ops.attention import PagedAttentionMetadataBuilder
 
     blocks_per_seq = (context + 1 + block - 1) // block
+    table_blocks = max(blocks_per_seq, -(-TABLE_KEYS // block)) if TABLE_KEYS else blocks_per_seq
     cfg = ac.Config(max_num_seqs=max_seqs, max_num_batched_tokens=max(8192, max_seqs),
                     compilation_config=ac.CompilationConfig(**cc_kwargs))
     model = build_model(preset("llama-3.2-1b"), compilation_config=cfg, dtype=torch.bfloat16, device="cuda")
@@ -88,7 +90,7 @@ def build(cc_kwargs: dict, max_seqs: int, context: int, block: int, share=None):
         with torch.no_grad():
             for layer in model.no_compile_layers.values():
                 layer.kv_cache.normal_()
-    builder = PagedAttentionMetadataBuilder(max_seqs, max(8192, max_seqs), blocks_per_seq, block, device="cuda")
+    builder = PagedAttentionMetadataBuilder(max_seqs, max(8192, max_seqs), table_blocks, block, device="cuda")
     return cfg, model, builder, blocks_per_seq
 
 
@@ -99,6 +101,7 @@ def decode_steps(batch: int, context: int, blocks_per_seq: int):
             for i in range(batch)]
 
 
+TABLE_KEYS = 0  # --table-keys: the block table's width in keys (0: the context's)
 WALL = False  # --wall: time steps on the host clock (a synchronize after each), as before 2026-12-06
 
 
@@ -295,7 +298,7 @@ def kv_bytes(cfg, batch: int, context: int) -> int:
 
 
 def main() -> None:
-    global PROFILE, WALL
+    global PROFILE, WALL, TABLE_KEYS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", default="1,8,32,128")
     ap.add_argument("--context", type=int, default=1024)
@@ -305,8 +308,9 @@ def main() -> None:
     ap.add_argument("--json", default="")
     ap.add_argument("--profile", action="store_true", help="print the GPU time per kernel of the atom arms at the first batch")
     ap.add_argument("--wall", action="store_true", help="time steps on the host clock, not CUDA events")
+    ap.add_argument("--table-keys", type=int, default=0, help="block table width in keys (an engine's max model length)")
     args = ap.parse_args()
-    WALL = args.wall
+    WALL, TABLE_KEYS = args.wall, args.table_keys
     if not torch.cuda.is_available():
         sys.exit("decode.py needs a CUDA GPU")
     batches = [int(b) for b in args.batches.split(",")]

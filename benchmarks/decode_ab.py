@@ -28,6 +28,7 @@ import sys
 
 import torch
 
+import decode
 from decode import _label, atom_arm, decode_steps, kv_bytes, _weight_bytes, copy_bandwidth, recorded_runner
 
 
@@ -131,7 +132,9 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=300)
+    ap.add_argument("--table-keys", type=int, default=0, help="block table width in keys (decode.py's)")
     args = ap.parse_args()
+    decode.TABLE_KEYS = args.table_keys
     if not torch.cuda.is_available():
         sys.exit("decode_ab.py needs a CUDA GPU")
     from atom_compile.models import preset

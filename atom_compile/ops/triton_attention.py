@@ -2,9 +2,10 @@
 
 Each program takes one query row, one KV head with every query head of its group (GQA: each
 cached key and value is read once per group, and both products are tensor-core dots) and one
-span of the cached keys (as many spans as fill the GPU at that batch, _spans): it reads the
-row's sequence, position and block table from device tensors and keeps an online softmax in
-float32. The spans of a row are merged in the same launch by the last of them to finish (a
+span of the cached keys (as many spans as fill the GPU at that batch, _spans; each row's own
+keys are divided over them, so a short row in a wide block table is split as finely as a long
+one): it reads the row's sequence, position and block table from device tensors and keeps an
+online softmax in float32. The spans of a row are merged in the same launch by the last of them to finish (a
 ticket counter per row and KV head, triton_attention_kernels.py). Every launch grid depends
 only on the row count and the block table's width, never on host data, so a CUDA graph records
 it and replays read the new metadata at the same addresses. Splitting the keys keeps the GPU
@@ -71,7 +72,7 @@ class _Plan:
     step's layers compute it once)."""
 
     num_splits: int
-    keys_per_split: int
+    keys_per_split: int  # the longest span, a row as long as the table; shorter rows split their own keys
     block_n: int
     num_warps: int
     group: int
@@ -91,11 +92,11 @@ _attention_launch = FastLaunch(_attention_kernel, twins=lambda c: _attention_twi
 
 
 def _spans(capacity: int, groups: int, device: torch.device, tuning: Tuning) -> tuple[int, int]:
-    """How many spans to split each row's keys into, and keys per span (a multiple of the
-    tuning's block_n): enough programs to fill the GPU at batch 1, fewer and longer spans as
-    the batch grows. It follows shapes only (the block table's width, rows, KV heads), never
-    the step's lengths, so a CUDA graph recorded for a batch size stays right for every step
-    of that size."""
+    """How many span programs each row gets, and the keys of the longest span (a row as long
+    as the table; a multiple of the tuning's block_n): enough programs to fill the GPU at batch
+    1, fewer as the batch grows. The count follows shapes only (the block table's width, rows,
+    KV heads), never the step's lengths, so a CUDA graph recorded for a batch size stays right
+    for every step of that size; the kernel divides each row's own keys over them."""
     block_n = tuning.block_n
     wanted = min(cdiv(tuning.programs_per_sm * _sms(device), max(1, groups)), MAX_SPLITS)
     splits = max(1, min(cdiv(capacity, block_n), wanted))
@@ -160,7 +161,7 @@ def _attention_launch_args(query, k_cache, v_cache, output, meta, scale: float, 
          query.stride(0), query.stride(1), output.stride(0), output.stride(1),
          kv_strides[0], kv_strides[1], kv_strides[2], tables.stride(0),
          key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-         scale, num_heads, num_kv_heads, plan.num_splits, plan.keys_per_split, plan.ml_offset),
+         scale, num_heads, num_kv_heads, plan.num_splits, plan.ml_offset),
         {"GROUP": plan.group, "G_PAD": plan.g_pad, "BLOCK_SIZE": block_size, "BLOCK_N": plan.block_n,
          "HEAD_DIM": head_dim, "D_PAD": plan.d_pad, "S_PAD": plan.s_pad, "IEEE": k_cache.dtype == torch.float32,
          "WRITE_KV": new_kv is not None, "PDL": early,

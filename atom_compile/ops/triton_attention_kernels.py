@@ -164,7 +164,7 @@ def _attention_kernel(
     new_k_ptr, new_v_ptr, slot_ptr,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_bt,
     stride_nkt, stride_nkh, stride_nvt, stride_nvh,
-    scale, num_heads, num_kv_heads, num_splits, keys_per_split, ml_offset,
+    scale, num_heads, num_kv_heads, num_splits, ml_offset,
     GROUP: tl.constexpr, G_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr, IEEE: tl.constexpr, WRITE_KV: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr,
@@ -181,7 +181,11 @@ def _attention_kernel(
     pos = tl.load(query_pos_ptr + row)
     seq = tl.load(token_seq_ptr + row)  # beside pos: the two loads in flight together
     n_keys = tl.maximum(pos + 1, 0)  # padding rows (position -1) see no key
-    active = tl.maximum(tl.cdiv(n_keys, keys_per_split), 1)  # spans this row's length covers
+    # the row's own keys over the launch's spans, in whole steps: a short row in a wide block
+    # table still spreads over every span program (a span of the table's width / num_splits
+    # would leave it to one program's loop of dependent steps, 2x slower at 1k keys)
+    keys_per_split = tl.maximum(tl.cdiv(tl.cdiv(n_keys, num_splits), BLOCK_N), 1) * BLOCK_N
+    active = tl.cdiv(tl.maximum(n_keys, 1), keys_per_split)  # spans that hold a key (1 for padding)
     if span < active:
         first = span * keys_per_split
         last = tl.minimum(n_keys, first + keys_per_split)

@@ -105,6 +105,41 @@ def test_one_launch_split_k_matches_reference(tri, monkeypatch, dtype, heads, kv
     assert int(tri._tickets[q.device].abs().sum()) == 0  # every ticket counter back at 0
 
 
+def _row_span(n: int, plan) -> int:
+    """Keys per span of a row of `n` keys: its keys over the launch's spans, in whole steps."""
+    return max(1, -(-(-(-n // plan.num_splits)) // plan.block_n)) * plan.block_n
+
+
+@pytest.mark.parametrize("write_kv", [False, True])
+def test_a_short_row_in_a_wide_table_spreads_its_keys_over_every_span(tri, write_kv):
+    # an engine's block table is as wide as its longest sequence may be; the span count follows
+    # that width, but each row divides its own keys over the spans (in whole steps of block_n)
+    lengths = [1000, 16000, 1]
+    q, k, v, cache, meta = _case(lengths, 1, 8, 2, 64, torch.float32, pad_seqs=1, seed=5)
+    plan = tri._plan_for(q, cache[0], meta)
+    scale = 0.125
+    want, cache_ref = _reference(q, k, v, cache, meta, scale)
+    if not write_kv:
+        tri.triton_write_kv(k, v, cache, meta.slot_mapping)
+    scratch = torch.full((plan.scratch,), float("nan"))  # what a span stores becomes finite
+    got = torch.full_like(q, float("nan"))
+    launch, grid, args, constexprs, warps = tri._attention_launch_args(
+        q, cache[0], cache[1], got, meta, scale, plan, scratch, tri.ticket_counters(plan.tickets, q.device),
+        (k, v) if write_kv else None)
+    launch(grid, args, constexprs, num_warps=warps)
+    stored = scratch[plan.ml_offset:].view(q.shape[0], q.shape[1], plan.num_splits, 2)[..., 0].isfinite()
+    for row, n in enumerate(lengths):
+        active = -(-n // _row_span(n, plan))
+        assert int(stored[row, 0].sum()) == (active if active > 1 else 0), (row, n)  # one span: no partial
+    # the 1000-key row takes more spans than the table's width alone would give it
+    assert -(-1000 // _row_span(1000, plan)) > -(-1000 // plan.keys_per_split) > 1
+    real = meta.slot_mapping >= 0
+    torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=1e-5)
+    assert torch.all(got[~real] == 0)
+    assert torch.equal(cache[:, :-1], cache_ref[:, :-1])
+    assert int(tri._tickets[q.device].abs().sum()) == 0
+
+
 @pytest.mark.parametrize("tuning", [0, 1, "MANY_PAIRS"])
 def test_every_tuning_matches_the_reference(tri, monkeypatch, tuning):
     # the rule picks by (rows x KV heads) per multiprocessor; force each one
