@@ -12,7 +12,7 @@ decode op per layer in the graph: the step's key and value written, then attende
 where the tree has `writes_kv`, else the write launch and the attention launch), so the same
 script on an older tree measures what the one-launch kernel replaced.
 
-    python benchmarks/attention_kernel.py [--batch 1,8,32] [--context 1024] [--iters 200] [--sweep]
+    python benchmarks/attention_kernel.py [--batch 1,8,32] [--context 1024] [--iters 200] [--sweep] [--table-keys N]
 
 --sweep also times the whole decode op in the graph for each tuning of the kernel (span
 programs per multiprocessor, keys per loop step, warps: `triton_attention.Tuning`, forced
@@ -68,11 +68,15 @@ def _graph_us(calls, iters: int) -> float:
     return _timed(graph.replay, iters) * 1e3 / len(calls)
 
 
+TABLE_KEYS = 0  # --table-keys: the block table's width in keys (0: the context's)
+
+
 def _case(batch: int, context: int, copies: int):
     from atom_compile.ops import attention as ref
 
     blocks = context // BLOCK
-    builder = ref.PagedAttentionMetadataBuilder(batch, batch, blocks, BLOCK, device="cuda")
+    table = max(blocks, -(-TABLE_KEYS // BLOCK))  # an engine's table is as wide as its longest sequence
+    builder = ref.PagedAttentionMetadataBuilder(batch, batch, table, BLOCK, device="cuda")
     steps = [ref.SequenceStep([1], context - 1, list(range(s * blocks, (s + 1) * blocks))) for s in range(batch)]
     meta = builder.build(steps)[2]
     caches = [torch.randn(2, batch * blocks + 1, BLOCK, KV_HEADS, DIM, device="cuda", dtype=torch.bfloat16)
@@ -159,7 +163,10 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=1024, help="keys per row (a multiple of 16)")
     ap.add_argument("--iters", type=int, default=200, help="timed runs per measurement (>= 100)")
     ap.add_argument("--sweep", action="store_true", help="also time each kernel tuning (SWEEP)")
+    ap.add_argument("--table-keys", type=int, default=0, help="block table width in keys (default: the context)")
     args = ap.parse_args()
+    global TABLE_KEYS
+    TABLE_KEYS = args.table_keys
     batches = [int(b) for b in args.batch.split(",")]
     if args.context <= 0 or args.context % BLOCK or args.iters < 100 or min(batches) <= 0:
         ap.error(f"--context must be a positive multiple of {BLOCK}, --iters >= 100, batches > 0")
@@ -175,7 +182,8 @@ def main() -> None:
     copy_tb_s = 2 * n / (_timed(lambda: b.copy_(a), 100) * 1e-3) / 1e12
     del a, b
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__}; "
-          f"copy {copy_tb_s:.2f} TB/s; {HEADS} heads, {KV_HEADS} KV heads, dim {DIM}, context {args.context}, bf16")
+          f"copy {copy_tb_s:.2f} TB/s; {HEADS} heads, {KV_HEADS} KV heads, dim {DIM}, context {args.context}, "
+          f"table {max(args.context, args.table_keys)} keys, bf16")
     print("| batch | spans | graph us/call | KV TB/s | of copy | with KV write us | eager us/call |")
     print("|---|---|---|---|---|---|---|")
     for batch in batches:

@@ -13,7 +13,8 @@ more step, of one arm in turn, timed from an idle GPU after a synchronize, as de
 every step (the host's launch of the step included): its median is the last column.
 
 Arms: the `atom-full...` names of decode.py (`-attnpf`, `-prefetch`, `-rope`, `-glu`,
-`-combo`, `-nosplitk`, ...); name the baseline first. A name given twice is timed twice (the
+`-combo`, `-nosplitk`, ...) and `-pdlearly` (Inductor's kernels let the next one launch right
+after their first grid-dependency wait, not after their last load); name the baseline first. A name given twice is timed twice (the
 spread of one configuration against itself).
 
     python benchmarks/decode_ab.py --arms atom-full,atom-full-attnpf,atom-full [--batches 1,8] [--rounds 300]
@@ -44,11 +45,41 @@ def _fresh_launchers() -> None:
                     value.compiled.clear()
 
 
+def _early_release(code) -> None:
+    """After Inductor's own PDL filtering of a kernel's lines: its `gdc_launch_dependents` moved
+    from after its last load to just after its first `gdc_wait` (the next kernel may launch as
+    soon as this one has waited for the one before)."""
+    from torch._inductor.codegen.triton import TritonKernel
+
+    lines = code._lines
+    waits = [i for i, line in enumerate(lines) if type(line) is str and TritonKernel.GDC_WAIT in line]
+    launches = [i for i, line in enumerate(lines) if type(line) is str and TritonKernel.GDC_LAUNCH in line]
+    if waits and len(launches) == 1 and launches[0] > waits[0] + 1:
+        wait = lines[waits[0]]
+        lines.insert(waits[0] + 1, wait[: len(wait) - len(wait.lstrip())] + lines.pop(launches[0]).strip())
+
+
+def _switches(name: str, batches: list[int]):
+    """decode.py's arm, plus `-pdlearly`: Inductor's kernels release the next one right after
+    their first wait (`_early_release`; its caches off, so that every piece is generated)."""
+    cc, switches = atom_arm(name.replace("-pdlearly", ""), batches)
+    if "-pdlearly" in name:
+        from unittest import mock
+
+        from torch._inductor.codegen.triton import TritonKernel
+
+        own = TritonKernel._filter_pdl
+        cc["inductor_compile_config"] = {**cc.get("inductor_compile_config", {}), "force_disable_caches": True}
+        switches.enter_context(mock.patch.object(
+            TritonKernel, "_filter_pdl", lambda self, code: (own(self, code), _early_release(code))[0]))
+    return cc, switches
+
+
 def record(names: list[str], batches: list[int], context: int, block: int) -> list[tuple[str, object, int]]:
     """Every arm compiled and its ladder recorded, on the first arm's weights and KV caches."""
     arms, base, taken = [], None, {}
     for name in names:
-        cc, switches = atom_arm(name, batches)
+        cc, switches = _switches(name, batches)
         if cc["cudagraph_mode"] != "FULL":
             sys.exit(f"{name}: decode_ab.py pairs FULL-graph arms only")
         _fresh_launchers()
