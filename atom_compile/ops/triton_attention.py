@@ -5,11 +5,12 @@ cached key and value is read once per group, and both products are tensor-core d
 span of the cached keys (as many spans as fill the GPU at that batch, _spans; each row's own
 keys are divided over them, so a short row in a wide block table is split as finely as a long
 one): it reads the row's sequence, position and block table from device tensors and keeps an
-online softmax in float32. The spans of a row are merged in the same launch by the last of them to finish (a
-ticket counter per row and KV head, triton_attention_kernels.py). Every launch grid depends
-only on the row count and the block table's width, never on host data, so a CUDA graph records
-it and replays read the new metadata at the same addresses. Splitting the keys keeps the GPU
-busy at batch 1, where one program per head would leave most multiprocessors idle.
+online softmax in float32. The spans of a row are merged in the same launch by the last of
+them to finish (a ticket counter per row and KV head, triton_attention_kernels.py). Every
+launch grid depends only on the row count and the block table's width, never on host data, so
+a CUDA graph records it and replays read the new metadata at the same addresses. Splitting the
+keys keeps the GPU busy at batch 1, where one program per head would leave most
+multiprocessors idle.
 """
 
 from __future__ import annotations

@@ -183,7 +183,7 @@ def _attention_kernel(
     n_keys = tl.maximum(pos + 1, 0)  # padding rows (position -1) see no key
     # the row's own keys over the launch's spans, in whole steps: a short row in a wide block
     # table still spreads over every span program (a span of the table's width / num_splits
-    # would leave it to one program's loop of dependent steps, 2x slower at 1k keys)
+    # would leave it to one program's loop of dependent steps: 1.7-2x slower at 1k keys)
     keys_per_split = tl.maximum(tl.cdiv(n_keys, num_splits * BLOCK_N), 1) * BLOCK_N  # one division
     active = tl.cdiv(tl.maximum(n_keys, 1), keys_per_split)  # spans that hold a key (1 for padding)
     if span < active:

@@ -107,7 +107,7 @@ def test_one_launch_split_k_matches_reference(tri, monkeypatch, dtype, heads, kv
 
 def _row_span(n: int, plan) -> int:
     """Keys per span of a row of `n` keys: its keys over the launch's spans, in whole steps."""
-    return max(1, -(-(-(-n // plan.num_splits)) // plan.block_n)) * plan.block_n
+    return max(1, -(-n // (plan.num_splits * plan.block_n))) * plan.block_n
 
 
 @pytest.mark.parametrize("write_kv", [False, True])
