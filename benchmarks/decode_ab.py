@@ -14,8 +14,8 @@ every step (the host's launch of the step included): its median is the last colu
 
 Arms: the `atom-full...` names of decode.py (`-attnpf`, `-prefetch`, `-rope`, `-glu`,
 `-combo`, `-nosplitk`, ...) and `-pdlearly` (Inductor's kernels let the next one launch right
-after their first grid-dependency wait, not after their last load); name the baseline first. A name given twice is timed twice (the
-spread of one configuration against itself).
+after their first grid-dependency wait, not after their last load); name the baseline first. A
+name given twice is timed twice (the spread of one configuration against itself).
 
     python benchmarks/decode_ab.py --arms atom-full,atom-full-attnpf,atom-full [--batches 1,8] [--rounds 300]
 """
