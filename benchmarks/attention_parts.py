@@ -24,6 +24,7 @@ import os
 import pathlib
 import sys
 import tempfile
+from unittest import mock
 
 import torch
 
@@ -63,29 +64,29 @@ def variant_module(name: str, context: int, workdir: str):
     return module
 
 
-def time_variant(name: str, batch: int, context: int, iters: int, workdir: str) -> float:
-    """Microseconds per in-graph decode op with `name`'s kernel."""
+def decode_case(batch: int, context: int) -> tuple:
+    """attention_kernel.py's case (query, KV copies past L2, metadata) with the step's key and
+    value and an output: the same for every variant."""
+    kv_bytes = 2 * batch * context * ak.KV_HEADS * ak.DIM * 2
+    q, caches, meta = ak._case(batch, context, min(max(1, (256 << 20) // (kv_bytes + 1)), 512))
+    k = torch.randn(batch, ak.KV_HEADS, ak.DIM, device="cuda", dtype=torch.bfloat16)
+    return q, caches, meta, k, torch.randn_like(k), torch.empty_like(q)
+
+
+def time_variant(name: str, module, case: tuple, iters: int) -> float:
+    """Microseconds per in-graph decode op with `module`'s kernel (the variant `name`)."""
     from atom_compile.ops import pdl
     from atom_compile.ops import triton_attention as ta
     from atom_compile.ops.triton_launch import FastLaunch
 
-    module = variant_module(name, context, workdir)
+    q, caches, meta, k, v, out = case
     twins = pdl.prefetch_twins("attention")
-    kv_bytes = 2 * batch * context * ak.KV_HEADS * ak.DIM * 2
-    q, caches, meta = ak._case(batch, context, min(max(1, (256 << 20) // (kv_bytes + 1)), 512))
-    k = torch.randn(batch, ak.KV_HEADS, ak.DIM, device="cuda", dtype=torch.bfloat16)
-    v, out = torch.randn_like(k), torch.empty_like(q)
-    saved, saved_env = ta._attention_launch, os.environ.get("ATOM_COMPILE_PREFETCH")
-    ta._attention_launch = FastLaunch(module._attention_kernel, twins=lambda c: twins(c) if c["WRITE_KV"] else [])
-    os.environ["ATOM_COMPILE_PREFETCH"] = "attention" if name.endswith("+pf") else "0"
-    try:
-        return ak._graph_us([lambda c=c: ak._decode_op(ta, q, k, v, c, out, meta, ak.DIM ** -0.5) for c in caches], iters)
-    finally:
-        ta._attention_launch = saved
-        if saved_env is None:
-            os.environ.pop("ATOM_COMPILE_PREFETCH", None)
-        else:
-            os.environ["ATOM_COMPILE_PREFETCH"] = saved_env
+    launch = FastLaunch(module._attention_kernel, twins=lambda c: twins(c) if c["WRITE_KV"] else [])
+    prefetch = "attention" if name.endswith("+pf") else "0"
+    with mock.patch.object(ta, "_attention_launch", launch), \
+            mock.patch.dict(os.environ, {"ATOM_COMPILE_PREFETCH": prefetch}):
+        return ak._graph_us([lambda c=c: ak._decode_op(ta, q, k, v, c, out, meta, ak.DIM ** -0.5) for c in caches],
+                            iters)
 
 
 def main() -> None:
@@ -100,9 +101,11 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; us per in-graph decode op, context {args.context}")
     print("| variant | " + " | ".join(f"bs {b}" for b in batches) + " |")
     print("|---|" + "---|" * len(batches))
+    cases = {b: decode_case(b, args.context) for b in batches}
     with tempfile.TemporaryDirectory() as workdir:
         for name in VARIANTS:
-            cells = [time_variant(name, b, args.context, args.iters, workdir) for b in batches]
+            module = variant_module(name, args.context, workdir)
+            cells = [time_variant(name, module, cases[b], args.iters) for b in batches]
             print(f"| {name} | " + " | ".join(f"{us:.2f}" for us in cells) + " |", flush=True)
 
 

@@ -69,9 +69,13 @@ def _switches(name: str, batches: list[int]):
         from torch._inductor.codegen.triton import TritonKernel
 
         own = TritonKernel._filter_pdl
+
+        def filter_then_release_early(self, code) -> None:
+            own(self, code)
+            _early_release(code)
+
         cc["inductor_compile_config"] = {**cc.get("inductor_compile_config", {}), "force_disable_caches": True}
-        switches.enter_context(mock.patch.object(
-            TritonKernel, "_filter_pdl", lambda self, code: (own(self, code), _early_release(code))[0]))
+        switches.enter_context(mock.patch.object(TritonKernel, "_filter_pdl", filter_then_release_early))
     return cc, switches
 
 
