@@ -83,6 +83,11 @@ class CompilationConfig:
     # projection: one launch at one token, no RoPE kernels. Off: on an H100 the step is no
     # faster (BENCHMARKS.md, benchmarks/decode.py -rope arms); needs small_m_linear_pass. Keyed when on.
     rope_pass: bool = False
+    # A pass on a CUDA graph before it is split (backends/rope_attention_pass.py) that moves the
+    # rotary embedding of the query and key (neox RoPE, recognised by what it computes) into our
+    # paged attention op: the decode attention rotates them in registers, no RoPE kernel runs
+    # between the qkv projection and the attention. Keyed when on.
+    rope_attention_pass: bool = False
     # Reductions along a row of up to this many elements (an RMSNorm over the hidden size) run
     # as Inductor's persistent reductions, one read of the row, where Inductor stops at 1024
     # (backends/reductions.py): 2.0% off the decode step at batch 1 on an H100. 0 leaves
@@ -109,7 +114,7 @@ class CompilationConfig:
         self.level = CompilationLevel.parse(self.level, "CompilationConfig.level")
         for name in ("use_cudagraph", "cudagraph_copy_inputs", "use_inductor", "require_cache",
                      "use_inductor_graph_partition", "trace_layers_once", "residual_add_pass",
-                     "small_m_linear_pass", "prologue_pass", "glu_pass", "rope_pass"):
+                     "small_m_linear_pass", "prologue_pass", "glu_pass", "rope_pass", "rope_attention_pass"):
             if name == "glu_pass" and self.glu_pass is None:  # the default: follows small_m_linear_pass
                 continue
             setattr(self, name, _check_bool(f"CompilationConfig.{name}", getattr(self, name)))
@@ -217,7 +222,7 @@ class CompilationConfig:
             if not getattr(self, name):
                 factors[name] = False
         for name, on in (("prologue_pass", self.prologue_pass), ("glu_pass", self.glu_fused()),
-                         ("rope_pass", self.rope_pass)):  # keyed when on
+                         ("rope_pass", self.rope_pass), ("rope_attention_pass", self.rope_attention_pass)):  # keyed when on
             if on:
                 factors[name] = True
         if self.persistent_reduction_max:

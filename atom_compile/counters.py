@@ -47,6 +47,8 @@ class CompilationCounter:
     num_dynamo_functions_set_aside: int = 0
     # invoke_subgraph calls (layers traced once as a nested compile region) inlined by the backend
     num_regions_inlined: int = 0
+    # attention ops that took their query's and key's RoPE (backends/rope_attention_pass.py)
+    num_rope_into_attention: int = 0
     # traces retried without nested compile regions (the region did not apply)
     num_region_fallbacks: int = 0
     num_cudagraph_captured: int = 0

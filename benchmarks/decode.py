@@ -6,7 +6,8 @@ TR_HYBRID, each also as `-sizes` (compile_sizes = the batches <= 8: per-size pie
 `-fused` (prologue_pass: each RMSNorm in the prologue of the projection after it) and as
 `-glu` / `-noglu` (glu_pass: each MLP's SiLU-and-mul in the epilogue of its gate_up GEMV; on by
 default since 2026-12-06) and as
-`-rope` (rope_pass: the query's and key's RoPE in the epilogue of their qkv GEMV) and as
+`-rope` (rope_pass: the query's and key's RoPE in the epilogue of their qkv GEMV) or `-ropeattn`
+(rope_attention_pass: that RoPE in the decode attention) and as
 `-combo` / `-nocombo` (Inductor's combo_kernels: independent pointwise kernels of a piece,
 RoPE's q and k, launched as one; on by default since 2026-12-06) and as
 `-prefetch` (ATOM_COMPILE_PREFETCH=1: graphs recorded with the GEMV reading its weight and
@@ -16,7 +17,8 @@ the attention's reads only) and as `-dots` (2-8 rows of every
 projection on the small-M kernel's padded tensor-core dots rather than cuBLAS) or `-splitk` (the split-K dots,
 ops/triton_splitk.py, the default since 2026-12-06) or `-nosplitk` (cuBLAS for those); and as
 `-nopnorm` (persistent_reduction_max=0: the norms as Inductor's two-pass loops, as up to
-1029ea9) and `-attnold` (the decode attention's tuning rule up to 1029ea9) or `-attnPxBxW`
+1029ea9), `-norope` (the model's RoPE left out: for timing only, a bound on what moving it into
+the attention could save; its results are wrong) and `-attnold` (the decode attention's tuning rule up to 1029ea9) or `-attnPxBxW`
 (that tuning at every batch: programs per SM, keys per step, warps); and
 `peer`, a plain-PyTorch decoder of the same dimensions (static KV, SDPA,
 benchmarks/_peer_decoder.py) under torch.compile(mode="reduce-overhead"), one compile per batch.
@@ -165,6 +167,9 @@ def atom_arm(name: str, batches: list[int]) -> tuple[dict, contextlib.ExitStack]
         cc["glu_pass"] = False
     if "-rope" in name:
         cc["rope_pass"] = True  # the query's and key's RoPE into the qkv GEMV's epilogue
+    if "-ropeattn" in name:
+        cc["rope_pass"] = False
+        cc["rope_attention_pass"] = True  # the query's and key's RoPE into the attention
     if "-combo" in name:  # horizontal fusion of a piece's independent kernels
         import torch._inductor.config as inductor_config
 
@@ -188,6 +193,10 @@ def atom_arm(name: str, batches: list[int]) -> tuple[dict, contextlib.ExitStack]
         patches.enter_context(mock.patch.object(triton_linear, "SPLIT_K_ROWS", False))
     if "-nopnorm" in name:  # norms as Inductor's two-pass loops (its own limit; as up to 1029ea9)
         cc["persistent_reduction_max"] = 0
+    if "-norope" in name:  # timing only: q and k unrotated, no RoPE kernel (wrong results)
+        from atom_compile.models import llama
+
+        patches.enter_context(mock.patch.object(llama.RotaryEmbedding, "forward", lambda self, p, q, k: (q, k)))
     attn = re.search(r"-attn(\d+)x(\d+)x(\d+)", name)
     if attn:  # -attnPxBxW: the decode attention's tuning at every batch (programs per SM, keys per step, warps)
         patches.enter_context(_attention_tuning(tuple(int(g) for g in attn.groups())))

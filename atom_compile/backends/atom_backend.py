@@ -33,7 +33,7 @@ from ..config import (
 )
 from ..counters import compilation_counter
 from ..errors import CacheMiss, GraphBreakError
-from . import compile_only, compiled_function, floats, graph_partition, regions, strict, unsupported
+from . import compile_only, compiled_function, floats, graph_partition, regions, rope_attention_pass, strict, unsupported
 from .inductor import make_compiler
 from .custom_passes import compiler_config
 from .manager import CompilerManager
@@ -219,6 +219,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], cc: Compilation
     if inlined:
         compilation_counter.num_regions_inlined += inlined
         logger.info("atom-compile: %s: %d nested compile region calls inlined", prefix, inlined)
+    _move_rope(gm, cc, example_inputs, prefix)
     compiler = make_compiler(cc)
     traced = traced_values(gm, example_inputs)
     if compile_only.active():
@@ -264,6 +265,15 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], cc: Compilation
     )
     return CompileResult(fn, time.perf_counter() - start, traced_files, factors, cache_hash, cache, manager,
                          split_gm, items, copy_indices, tier)
+
+
+def _move_rope(gm: fx.GraphModule, cc: CompilationConfig, example_inputs: list[Any], prefix: str) -> None:
+    """The RoPE-attention pass, on a CUDA graph before its key is taken (the key holds the
+    rewritten graph)."""
+    if cc.rope_attention_pass and _device_type(example_inputs) == "cuda":
+        moved = rope_attention_pass.fuse_rope_into_attention(gm)
+        compilation_counter.num_rope_into_attention += moved
+        logger.info("atom-compile: %s: RoPE moved into %d attention ops", prefix, moved)
 
 
 def _partition_ops(cc: CompilationConfig) -> list[str]:

@@ -157,69 +157,15 @@ def unified_attention_with_output(
     paged_attention(query, key, value, output, kv_cache, meta, layer.scale)
 
 
-def _meta_reads(meta: Any) -> Optional[tuple]:
-    """What a bound attention baked in from the step's metadata: addresses and the layout the
-    launches were planned for (None for anything but one PagedAttentionMetadata). The builder
-    keeps its buffers, so the steps of a recording agree."""
-    if not isinstance(meta, PagedAttentionMetadata):
-        return None
-    tables = meta.block_tables
-    return (meta.slot_mapping.data_ptr(), meta.query_positions.data_ptr(), meta.token_seq.data_ptr(),
-            tables.data_ptr(), tables.stride(0), tables.shape[1])
-
-
-def _bound_launches(query, key, value, output, kv_cache, meta, scale) -> Optional[dict]:
-    """The op on these exact tensors as bound Triton launches (each run once now; running them
-    again writes and computes the same), by step kind: [False] the KV write then the attention,
-    for any step; [True], where bound on a decode step, one launch doing both, for decode steps
-    (`_launches_for`). None off CUDA/Triton or where they cannot be bound."""
-    kernels = _triton_kernels() if query.is_cuda else None
-    if kernels is None:
-        return None
-    if meta.query_positions.shape[0] != query.shape[0]:
-        meta = _rows_view(meta, query.shape[0])
-    write = kernels.bind_write_kv(key, value, kv_cache, meta.slot_mapping)
-    attend = kernels.bind_paged_attention(query, kv_cache[0], kv_cache[1], output, meta, scale)
-    if write is None or attend is None:
-        return None
-    bound = {False: (write, *attend)}
-    if kernels.writes_kv(meta):
-        fused = kernels.bind_paged_attention(query, kv_cache[0], kv_cache[1], output, meta, scale, new_kv=(key, value))
-        if fused is not None:
-            bound[True] = tuple(fused)
-    return bound
-
-
-def _launches_for(bound: dict, meta: Any) -> tuple:
-    """The bound launches right for this step: the single launch on a decode step (one row per
-    sequence), where it was bound; else the KV write and the attention."""
-    return bound.get(meta.max_seqlen_q == 1) or bound[False]
-
-
 def bind_unified_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, output: torch.Tensor,
                            layer_name: str) -> Optional[Callable[[], None]]:
     """The op on a token graph's recorded tensors as bound Triton launches, one for a decode step
     (KV write and attention, two otherwise; a replay then costs a check and the launches),
     or None off CUDA/Triton. A replay whose forward context no longer matches runs the op."""
-    layer, meta, kv_cache = _resolve(layer_name)
-    launches = _bound_launches(query, key, value, output, kv_cache, meta, layer.scale)
-    if launches is None:
-        return None
+    from .attention_binds import bind_by_name
 
-    def reads(layer: Any, meta: Any, kv_cache: torch.Tensor) -> tuple:
-        return (kv_cache.data_ptr(), kv_cache.shape, kv_cache.dtype, layer.scale, _meta_reads(meta))
-
-    expected = reads(layer, meta, kv_cache)
-
-    def replay() -> None:
-        now = _resolve(layer_name)
-        if reads(*now) != expected:
-            unified_attention_with_output(query, key, value, output, layer_name)
-            return
-        for launch in _launches_for(launches, now[1]):
-            launch()
-
-    return replay
+    return bind_by_name(query, key, value, output, layer_name,
+                        lambda: unified_attention_with_output(query, key, value, output, layer_name))
 
 
 def bind_paged_attention_with_output(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -227,23 +173,10 @@ def bind_paged_attention_with_output(query: torch.Tensor, key: torch.Tensor, val
                                      scale: float) -> Optional[Callable[[], None]]:
     """`atom::paged_attention_with_output` bound as `bind_unified_attention` binds the by-name
     op; the cache and scale are its own arguments, so only the step's metadata is checked."""
-    meta = get_forward_context().attn_metadata
-    if not isinstance(meta, PagedAttentionMetadata):
-        return None
-    launches = _bound_launches(query, key, value, output, kv_cache, meta, scale)
-    if launches is None:
-        return None
-    expected = _meta_reads(meta)
+    from .attention_binds import bind_with_cache
 
-    def replay() -> None:
-        now = get_forward_context().attn_metadata
-        if _meta_reads(now) != expected:
-            paged_attention_with_output(query, key, value, output, kv_cache, scale)
-            return
-        for launch in _launches_for(launches, now):
-            launch()
-
-    return replay
+    return bind_with_cache(query, key, value, output, kv_cache, scale,
+                           lambda: paged_attention_with_output(query, key, value, output, kv_cache, scale))
 
 
 def paged_attention_with_output(
@@ -253,14 +186,20 @@ def paged_attention_with_output(
     """Attention over `kv_cache` (the layer's own cache, an input of the graph) with the step's
     metadata from the forward context; writes into `output`. The cache is written in place
     outside the graph's view, as the by-name op writes the cache it looks up."""
+    paged_attention(query, key, value, output, kv_cache, step_metadata(f"atom::{KV_OP_NAME}"), scale)
+
+
+def step_metadata(op: str) -> PagedAttentionMetadata:
+    """The step's one metadata for every layer, from the forward context, for the ops handed
+    their cache (`op` names the caller in the error)."""
     meta = get_forward_context().attn_metadata
     if meta is None or isinstance(meta, dict):
         raise AtomRuntimeError(
-            f"atom::{KV_OP_NAME} needs the step's attention metadata (one PagedAttentionMetadata for every "
+            f"{op} needs the step's attention metadata (one PagedAttentionMetadata for every "
             f"layer) in the forward context; got {type(meta).__name__}. Per-layer metadata (a dict by layer "
             f"name) needs aiter::{OP_NAME}, which finds its layer by name"
         )
-    paged_attention(query, key, value, output, kv_cache, meta, scale)
+    return meta
 
 
 def kv_cache_op_available() -> bool:

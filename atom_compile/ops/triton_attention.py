@@ -144,29 +144,41 @@ def _check_new_kv(new_kv, query, k_cache, meta) -> None:
                              f"got {list(key.shape)} and {list(value.shape)}")
 
 
+def _rope_args(rope, query) -> tuple:
+    """(cos table, sin table, index, their row strides, rows, cos column, sin column, ROPE) for
+    the kernel: ROPE 0 without `rope` (a RopeTable, ops/rope_attention.py), 1 where each row
+    reads its own table row, 2 where an index gives it."""
+    if rope is None:
+        return query, query, query, 0, 0, 0, 0, 0, 0  # unread
+    cos, sin, index, cos_first, sin_first = rope
+    return (cos, sin, cos if index is None else index, cos.stride(0), sin.stride(0),
+            min(cos.shape[0], sin.shape[0]), cos_first, sin_first, 1 if index is None else 2)
+
+
 def _attention_launch_args(query, k_cache, v_cache, output, meta, scale: float, plan: _Plan, scratch, tickets,
-                           new_kv=None) -> tuple:
+                           new_kv=None, rope=None) -> tuple:
     """The one attention launch as (launcher, grid, args, constexprs, num_warps); `query`,
     `output` and `new_kv` (the step's key and value to write, or None) have a contiguous last
-    dimension."""
+    dimension; with `rope` (a RopeTable, decode steps only) the query and new key are rotated."""
     rows, num_heads, head_dim = query.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     tables = meta.block_tables
     kv_strides = k_cache.stride()
     key, value = new_kv if new_kv is not None else (query, query)  # unread without WRITE_KV
+    cos, sin, index, stride_cos, stride_sin, rope_rows, cos_first, sin_first, rope_kind = _rope_args(rope, query)
     early = pdl.enabled(query.device)
     return (
         _attention_launch, (rows, num_kv_heads, plan.num_splits),
         (query, k_cache, v_cache, output, scratch, tickets, tables, meta.token_seq, meta.query_positions,
-         key, value, meta.slot_mapping,
+         key, value, meta.slot_mapping, cos, sin, index,
          query.stride(0), query.stride(1), output.stride(0), output.stride(1),
          kv_strides[0], kv_strides[1], kv_strides[2], tables.stride(0),
-         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-         scale, num_heads, num_kv_heads, plan.num_splits, plan.ml_offset),
+         key.stride(0), key.stride(1), value.stride(0), value.stride(1), stride_cos, stride_sin,
+         scale, num_heads, num_kv_heads, plan.num_splits, plan.ml_offset, rope_rows, cos_first, sin_first),
         {"GROUP": plan.group, "G_PAD": plan.g_pad, "BLOCK_SIZE": block_size, "BLOCK_N": plan.block_n,
          "HEAD_DIM": head_dim, "D_PAD": plan.d_pad, "S_PAD": plan.s_pad, "IEEE": k_cache.dtype == torch.float32,
          "WRITE_KV": new_kv is not None, "PDL": early,
-         "PREFETCH": new_kv is not None and pdl.prefetch(early, "attention")},
+         "PREFETCH": new_kv is not None and pdl.prefetch(early, "attention"), "ROPE": rope_kind},
         plan.num_warps,
     )
 
@@ -176,11 +188,23 @@ def _plan_for(query, k_cache, meta) -> _Plan:
     return _plan(rows, num_heads, k_cache.shape[2], head_dim, meta.block_tables.shape[1] * k_cache.shape[1], query.device)
 
 
-def triton_paged_attention(query, k_cache, v_cache, output, meta, scale: float, new_kv=None) -> None:
+def _check_rope(rope, new_kv, query) -> None:
+    if rope is None:
+        return
+    if new_kv is None:
+        raise AtomValueError("triton_paged_attention: rope rotates the step's new keys: it needs new_kv (a decode "
+                             "step); rotate the query and keys first for longer queries")
+    if any(t.dim() != 2 or t.stride(1) != 1 for t in rope[:2]):
+        raise AtomValueError("triton_paged_attention: rope's cos and sin tables must be 2-D with contiguous columns")
+
+
+def triton_paged_attention(query, k_cache, v_cache, output, meta, scale: float, new_kv=None, rope=None) -> None:
     """query/output [rows, heads, dim]; caches [blocks, block_size, kv_heads, dim]. One launch;
     with `new_kv` (key, value [rows, kv_heads, dim]) of a decode step (`writes_kv`) it also
-    writes them to the cache at `meta.slot_mapping`."""
+    writes them to the cache at `meta.slot_mapping`; with `rope` (a RopeTable) it rotates the
+    query and the new keys first (neox pairs)."""
     _check_cache(k_cache, v_cache)
+    _check_rope(rope, new_kv, query)
     if new_kv is not None:
         _check_new_kv(new_kv, query, k_cache, meta)
         new_kv = tuple(t if t.stride(2) == 1 else t.contiguous() for t in new_kv)
@@ -191,7 +215,7 @@ def triton_paged_attention(query, k_cache, v_cache, output, meta, scale: float, 
     scratch = torch.empty(plan.scratch, dtype=torch.float32, device=query.device)
     tickets = ticket_counters(plan.tickets, query.device)
     launch, grid, args, constexprs, warps = _attention_launch_args(query, k_cache, v_cache, target, meta, scale,
-                                                                   plan, scratch, tickets, new_kv)
+                                                                   plan, scratch, tickets, new_kv, rope)
     launch(grid, args, constexprs, num_warps=warps)
     if target is not output:
         output.copy_(target)
@@ -237,11 +261,14 @@ def ticket_counters(elements: int, device: torch.device) -> torch.Tensor:
     return current
 
 
-def bind_paged_attention(query, k_cache, v_cache, output, meta, scale: float, new_kv=None) -> Optional[list]:
-    """The attention (and with `new_kv` the KV write, as `triton_paged_attention`) on these
-    exact tensors as bound launches (one, run once now), or None where it cannot be bound (a
-    strided query, output, key or value, a Triton without direct launches)."""
+def bind_paged_attention(query, k_cache, v_cache, output, meta, scale: float, new_kv=None,
+                         rope=None) -> Optional[list]:
+    """The attention (and with `new_kv` the KV write, with `rope` the rotation, as
+    `triton_paged_attention`) on these exact tensors as bound launches (one, run once now), or
+    None where it cannot be bound (a strided query, output, key or value, a Triton without
+    direct launches)."""
     _check_cache(k_cache, v_cache)
+    _check_rope(rope, new_kv, query)
     if new_kv is not None:
         _check_new_kv(new_kv, query, k_cache, meta)
     if query.stride(2) != 1 or output.stride(2) != 1 or any(t.stride(2) != 1 for t in new_kv or ()):
@@ -250,7 +277,7 @@ def bind_paged_attention(query, k_cache, v_cache, output, meta, scale: float, ne
     scratch = _shared_scratch(plan.scratch, query.device)
     tickets = ticket_counters(plan.tickets, query.device)
     launch, grid, args, constexprs, warps = _attention_launch_args(query, k_cache, v_cache, output, meta, scale,
-                                                                   plan, scratch, tickets, new_kv)
+                                                                   plan, scratch, tickets, new_kv, rope)
     bound = launch.bind(grid, args, constexprs, num_warps=warps)
     return None if bound is None else [bound]
 

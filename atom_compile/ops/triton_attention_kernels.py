@@ -29,13 +29,47 @@ def _store_heads(out_ptr, row, heads, offs_d, g_mask, d_mask, stride_ot, stride_
 
 @triton.jit
 def _own_kv(new_k_ptr, new_v_ptr, slot_ptr, row, kv_head, offs_d, d_mask, own, stride_nkt, stride_nkh, stride_nvt,
-            stride_nvh):
-    # the row's new key and value (the step's inputs) and its cache slot, read where `own`
-    # (this program holds the row's own key); slot -1 elsewhere
-    k = tl.load(new_k_ptr + row * stride_nkt + kv_head * stride_nkh + offs_d, mask=d_mask & own, other=0.0)
+            stride_nvh, cos, sin, ROPE: tl.constexpr, HALF: tl.constexpr):
+    # the row's new key (rotated with ROPE) and value (the step's inputs) and its cache slot,
+    # read where `own` (this program holds the row's own key); slot -1 elsewhere
+    k_row = new_k_ptr + row * stride_nkt + kv_head * stride_nkh
+    k = tl.load(k_row + offs_d, mask=d_mask & own, other=0.0)
+    if ROPE:
+        k = _rotate(k, tl.load(k_row + _partner(offs_d, HALF), mask=d_mask & own, other=0.0), cos, sin)
     v = tl.load(new_v_ptr + row * stride_nvt + kv_head * stride_nvh + offs_d, mask=d_mask & own, other=0.0)
     slot = tl.load(slot_ptr + row, mask=own, other=-1)
     return k, v, slot.to(tl.int64)
+
+
+@triton.jit
+def _partner(offs_d, HALF: tl.constexpr):
+    # neox RoPE pairs column j with j + HALF within a head
+    return tl.where(offs_d < HALF, offs_d + HALF, offs_d - HALF)
+
+
+@triton.jit
+def _rotate(x, partner, cos, sin):
+    # x rotated by the pairs' angles in float32, rounded back to x's dtype (as the models' RoPE);
+    # `sin` carries the rotation's sign (-sin on the first half)
+    turned = x.to(tl.float32) * cos + partner.to(tl.float32) * sin
+    return turned.to(x.dtype)
+
+
+@triton.jit
+def _rope_angles(cos_ptr, sin_ptr, rope_idx_ptr, row, stride_cos, stride_sin, rope_rows, cos_first, sin_first,
+                 offs_d, d_mask, HALF: tl.constexpr, ROPE: tl.constexpr):
+    # the row's (cos, signed sin) over a head's columns, from the tables' row at rope_idx[row]
+    # (ROPE 2: a negative index counts from the end, as torch indexing does) or at the row itself
+    # (ROPE 1); an index past the table (a padding row's, say) reads cos 1, sin 0
+    if ROPE == 2:
+        at = tl.load(rope_idx_ptr + row).to(tl.int64)
+        at = tl.where(at < 0, at + rope_rows, at)
+    else:
+        at = row.to(tl.int64)
+    ok = d_mask & (at >= 0) & (at < rope_rows)
+    cos = tl.load(cos_ptr + at * stride_cos + cos_first + offs_d % HALF, mask=ok, other=1.0).to(tl.float32)
+    sin = tl.load(sin_ptr + at * stride_sin + sin_first + offs_d % HALF, mask=ok, other=0.0).to(tl.float32)
+    return cos, tl.where(offs_d < HALF, -sin, sin)
 
 
 @triton.jit
@@ -64,9 +98,11 @@ def _attend_own_key(q, k, v, m_i, l_i, acc, dtype: tl.constexpr):
 
 
 @triton.jit
-def _scaled_query(q_ptr, offs, mask, scale, dtype: tl.constexpr):
-    q = tl.load(q_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    return (q * scale).to(dtype)
+def _scaled_query(q_ptr, offs, partner_offs, mask, scale, cos, sin, dtype: tl.constexpr, ROPE: tl.constexpr):
+    q = tl.load(q_ptr + offs, mask=mask, other=0.0)
+    if ROPE:
+        q = _rotate(q, tl.load(q_ptr + partner_offs, mask=mask, other=0.0), cos[None, :], sin[None, :])
+    return (q.to(tl.float32) * scale).to(dtype)
 
 
 @triton.jit
@@ -161,13 +197,13 @@ def _merge_partials(acc_ptr, ml_ptr, out_ptr, row, num_heads, kv_head, num_split
 @triton.jit
 def _attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, acc_ptr, tickets_ptr, tables_ptr, token_seq_ptr, query_pos_ptr,
-    new_k_ptr, new_v_ptr, slot_ptr,
+    new_k_ptr, new_v_ptr, slot_ptr, cos_ptr, sin_ptr, rope_idx_ptr,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_bt,
-    stride_nkt, stride_nkh, stride_nvt, stride_nvh,
-    scale, num_heads, num_kv_heads, num_splits, ml_offset,
+    stride_nkt, stride_nkh, stride_nvt, stride_nvh, stride_cos, stride_sin,
+    scale, num_heads, num_kv_heads, num_splits, ml_offset, rope_rows, cos_first, sin_first,
     GROUP: tl.constexpr, G_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr, IEEE: tl.constexpr, WRITE_KV: tl.constexpr,
-    PDL: tl.constexpr, PREFETCH: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr, ROPE: tl.constexpr,
 ):
     if PDL and not PREFETCH:  # launched early: read nothing before the kernel before has finished
         wait_then_release()
@@ -191,18 +227,28 @@ def _attention_kernel(
         last = tl.minimum(n_keys, first + keys_per_split)
         # with WRITE_KV the cache holds keys [0, pos) and key pos is new
         cached_end = tl.minimum(last, pos) if WRITE_KV else last
+        cos, sin = offs_d.to(tl.float32), offs_d.to(tl.float32)  # unread without ROPE
+        if ROPE:  # the query and the new key rotated here (neox pairs), not by a kernel before
+            if PREFETCH:  # the angles' table and index, read ahead with the first tile
+                cos, sin = _rope_angles(cos_ptr, sin_ptr, rope_idx_ptr, row, stride_cos, stride_sin, rope_rows,
+                                        cos_first, sin_first, offs_d, d_mask, HEAD_DIM // 2, ROPE)
         if PREFETCH:
             k0, v0, n0 = _kv_tile(k_ptr, v_ptr, tables_ptr, seq, kv_head, first, cached_end, offs_d, d_mask,
                                   stride_kb, stride_ks, stride_kh, stride_bt, BLOCK_SIZE, BLOCK_N)
             if PDL:
                 wait_then_release()
+        if ROPE and not PREFETCH:
+            cos, sin = _rope_angles(cos_ptr, sin_ptr, rope_idx_ptr, row, stride_cos, stride_sin, rope_rows,
+                                    cos_first, sin_first, offs_d, d_mask, HEAD_DIM // 2, ROPE)
         if WRITE_KV:  # the span holding the row's own key reads it with the query, not after a branch
             own = (pos >= first) & (pos < last)
             new_k, new_v, slot = _own_kv(new_k_ptr, new_v_ptr, slot_ptr, row, kv_head, offs_d, d_mask, own,
-                                         stride_nkt, stride_nkh, stride_nvt, stride_nvh)
+                                         stride_nkt, stride_nkh, stride_nvt, stride_nvh, cos, sin, ROPE,
+                                         HEAD_DIM // 2)
         heads = kv_head * GROUP + offs_g
-        q = _scaled_query(q_ptr, row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                          g_mask[:, None] & d_mask[None, :], scale, k_ptr.dtype.element_ty)
+        q_rows = row * stride_qt + heads[:, None] * stride_qh
+        q = _scaled_query(q_ptr, q_rows + offs_d[None, :], q_rows + _partner(offs_d, HEAD_DIM // 2)[None, :],
+                          g_mask[:, None] & d_mask[None, :], scale, cos, sin, k_ptr.dtype.element_ty, ROPE)
         m_i = tl.full([G_PAD], float("-inf"), tl.float32)
         l_i = tl.zeros([G_PAD], tl.float32)
         acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)

@@ -52,6 +52,7 @@ CONFIG_FIELDS = {
     "prologue_pass": (True, True),
     "glu_pass": (False, True),  # on by default (with small_m_linear_pass)
     "rope_pass": (True, True),
+    "rope_attention_pass": (True, True),
     "persistent_reduction_max": (0, True),
 }
 def _noop_pass(graph) -> None:

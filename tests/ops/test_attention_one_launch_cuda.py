@@ -150,8 +150,10 @@ def test_a_region_bound_on_a_decode_step_replays_decode_as_one_launch_and_longer
     op = ref.paged_attention_with_output
     monkeypatch.setattr(ref, "paged_attention_with_output", lambda *a: (calls.append(1), op(*a))[1])
     decode = _step(builder, tables, [100, 7, 200])
-    bound = ref._bound_launches(q, k, v, out, cache, decode, 0.125)
-    assert len(ref._launches_for(bound, decode)) == 1 and len(bound[False]) == 2
+    from atom_compile.ops import attention_binds
+
+    bound = attention_binds._bound_launches(q, k, v, out, cache, decode, 0.125)
+    assert len(attention_binds._launches_for(bound, decode)) == 1 and len(bound[False]) == 2
     with ac.set_forward_context(decode):
         replay = ref.bind_paged_attention_with_output(q, k, v, out, cache, 0.125)
         assert replay is not None

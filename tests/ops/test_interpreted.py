@@ -21,7 +21,7 @@ HERE = Path(__file__).parent / "interpreted"
 
 
 MODULES = ["check_triton_attention.py", "check_triton_glu.py", "check_triton_linear.py", "check_triton_prologues.py",
-           "check_triton_rope.py", "check_triton_splitk.py"]
+           "check_triton_rope.py", "check_triton_rope_attention.py", "check_triton_splitk.py"]
 
 
 def _check(module: str) -> subprocess.CompletedProcess:

@@ -195,6 +195,23 @@ def test_rope_fused_into_qkv_decodes_as_eager(baselines, tmp_path):
     assert info["replayed"] > 0
 
 
+@pytest.mark.parametrize("mode", [CUDAGraphMode.FULL, CUDAGraphMode.TR_HYBRID], ids=lambda m: m.name)
+def test_rope_moved_into_the_attention_decodes_as_eager(baselines, tmp_path, mode):
+    """rope_attention_pass: every layer's query and key RoPE is done by the attention op
+    (atom::rope_paged_attention_with_output: in the decode launch, in a FULL graph and as a
+    token graph's bound region): the logits as the unfused level 3's."""
+    expect = baselines[1][3]
+    before = compilation_counter.num_rope_into_attention
+    engine, info = _run(mode, 3, tmp_path, forced=expect.trace, rope_attention_pass=True)
+    assert compilation_counter.num_rope_into_attention - before == LLAMA.num_layers
+    for i, ((_, logits), (_, want_logits)) in enumerate(zip(engine.trace, expect.trace)):
+        torch.testing.assert_close(logits, want_logits, atol=3e-2, rtol=3e-2, msg=lambda m: f"step {i}: {m}")
+    assert info["replayed"] > 0
+    if mode.uses_tr_hybrid():
+        recordings = graphs_module.token_graph_of(engine.runner.model).recordings.values()
+        assert all(region.replay is not None for rec in recordings for region in rec.regions)
+
+
 def test_level3_matches_level0_within_bf16_tolerance(baselines):
     _, base = baselines
     for (_, a), (_, b) in zip(base[0].trace[:1], base[3].trace[:1]):  # same inputs only on the first step
