@@ -14,7 +14,7 @@ host's own time for the call (no synchronize inside):
 With --profile it also prints the GPU kernels of one step from torch's profiler: start, end and
 duration relative to the first, the first 30 (a layer and a half).
 
-    python benchmarks/step_parts.py [--batches 1,8] [--profile]
+    python benchmarks/step_parts.py [--batches 1,8] [--profile] [--arm atom-full-ropeattn]
 """
 
 from __future__ import annotations
@@ -86,16 +86,17 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--arm", default="atom-full", help="a FULL arm of decode.py (its switches), e.g. atom-full-ropeattn")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("step_parts.py needs a CUDA GPU")
     batches = [int(b) for b in args.batches.split(",")]
-    cc, switches = atom_arm("atom-full", batches)
+    cc, switches = atom_arm(args.arm, batches)
     with switches:
         model, runner, bps, _, _ = recorded_runner(cc, 512, 1024, 16)
     cuda = ctypes.CDLL("libcuda.so.1")
     cuda.cuGraphLaunch.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; us, median of {args.steps}")
+    print(f"{args.arm}: {torch.cuda.get_device_name()}, torch {torch.__version__}; us, median of {args.steps}")
     print("| bs | part | from idle | queued | host |\n|---|---|---|---|---|")
     for b in batches:
         ids, scope = runner.prepare(decode_steps(b, 1024, bps))

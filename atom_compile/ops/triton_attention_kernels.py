@@ -98,6 +98,18 @@ def _attend_own_key(q, k, v, m_i, l_i, acc, dtype: tl.constexpr):
 
 
 @triton.jit
+def _angles_if(cos_ptr, sin_ptr, rope_idx_ptr, row, stride_cos, stride_sin, rope_rows, cos_first, sin_first, offs_d,
+               d_mask, cos, sin, HALF: tl.constexpr, ROPE: tl.constexpr, PREFETCH: tl.constexpr, EARLY: tl.constexpr):
+    # the angles, read at this call where ROPE and it is the early one (before the wait) exactly
+    # when the kernel prefetches; else (cos, sin) as given (placeholders without ROPE)
+    if ROPE:
+        if PREFETCH == EARLY:
+            cos, sin = _rope_angles(cos_ptr, sin_ptr, rope_idx_ptr, row, stride_cos, stride_sin, rope_rows,
+                                    cos_first, sin_first, offs_d, d_mask, HALF, ROPE)
+    return cos, sin
+
+
+@triton.jit
 def _scaled_query(q_ptr, offs, partner_offs, mask, scale, cos, sin, dtype: tl.constexpr, ROPE: tl.constexpr):
     q = tl.load(q_ptr + offs, mask=mask, other=0.0)
     if ROPE:
@@ -227,19 +239,18 @@ def _attention_kernel(
         last = tl.minimum(n_keys, first + keys_per_split)
         # with WRITE_KV the cache holds keys [0, pos) and key pos is new
         cached_end = tl.minimum(last, pos) if WRITE_KV else last
-        cos, sin = offs_d.to(tl.float32), offs_d.to(tl.float32)  # unread without ROPE
-        if ROPE:  # the query and the new key rotated here (neox pairs), not by a kernel before
-            if PREFETCH:  # the angles' table and index, read ahead with the first tile
-                cos, sin = _rope_angles(cos_ptr, sin_ptr, rope_idx_ptr, row, stride_cos, stride_sin, rope_rows,
-                                        cos_first, sin_first, offs_d, d_mask, HEAD_DIM // 2, ROPE)
+        # ROPE: the query and the new key are rotated here (neox pairs), not by a kernel before;
+        # the angles are read with the first tile where that is read ahead (PREFETCH)
+        cos = offs_d.to(tl.float32)  # a placeholder, unread without ROPE
+        cos, sin = _angles_if(cos_ptr, sin_ptr, rope_idx_ptr, row, stride_cos, stride_sin, rope_rows, cos_first,
+                              sin_first, offs_d, d_mask, cos, cos, HEAD_DIM // 2, ROPE, PREFETCH, True)
         if PREFETCH:
             k0, v0, n0 = _kv_tile(k_ptr, v_ptr, tables_ptr, seq, kv_head, first, cached_end, offs_d, d_mask,
                                   stride_kb, stride_ks, stride_kh, stride_bt, BLOCK_SIZE, BLOCK_N)
             if PDL:
                 wait_then_release()
-        if ROPE and not PREFETCH:
-            cos, sin = _rope_angles(cos_ptr, sin_ptr, rope_idx_ptr, row, stride_cos, stride_sin, rope_rows,
-                                    cos_first, sin_first, offs_d, d_mask, HEAD_DIM // 2, ROPE)
+        cos, sin = _angles_if(cos_ptr, sin_ptr, rope_idx_ptr, row, stride_cos, stride_sin, rope_rows, cos_first,
+                              sin_first, offs_d, d_mask, cos, sin, HEAD_DIM // 2, ROPE, PREFETCH, False)
         if WRITE_KV:  # the span holding the row's own key reads it with the query, not after a branch
             own = (pos >= first) & (pos < last)
             new_k, new_v, slot = _own_kv(new_k_ptr, new_v_ptr, slot_ptr, row, kv_head, offs_d, d_mask, own,

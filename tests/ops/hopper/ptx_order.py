@@ -73,6 +73,12 @@ VARIANTS = [
     ("attention+write+prefetch", _attention_kernel,
      dict(GROUP=4, G_PAD=16, BLOCK_SIZE=16, BLOCK_N=64, HEAD_DIM=64, D_PAD=64, S_PAD=32, IEEE=False,
           WRITE_KV=True, PDL=True, PREFETCH=True), 4),
+    ("attention+write+rope", _attention_kernel,  # the angles' loads after the wait
+     dict(GROUP=4, G_PAD=16, BLOCK_SIZE=16, BLOCK_N=64, HEAD_DIM=64, D_PAD=64, S_PAD=32, IEEE=False,
+          WRITE_KV=True, PDL=True, PREFETCH=False, ROPE=2), 4),
+    ("attention+write+rope+prefetch", _attention_kernel,  # and before it, with the first tile
+     dict(GROUP=4, G_PAD=16, BLOCK_SIZE=16, BLOCK_N=64, HEAD_DIM=64, D_PAD=64, S_PAD=32, IEEE=False,
+          WRITE_KV=True, PDL=True, PREFETCH=True, ROPE=2), 4),
     ("add-rms-norm", _add_rms_norm_kernel, dict(ADD=True, BLOCK_K=2048, PDL=True), 4),
     ("silu-mul", _act_mul_kernel, dict(BLOCK_K=1024, ACT=0, PDL=True), 4),
     ("gate_up gemv with the gelu-mul epilogue", _gate_up_glu_kernel, dict(BLOCK_N=1, BLOCK_K=2048, ACT=1, PDL=True), 2),
