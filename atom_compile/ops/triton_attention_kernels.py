@@ -8,7 +8,8 @@ counter, and the program that takes the last ticket merges the partials and sets
 back to 0, so the next call (or a CUDA graph's replay) finds it zeroed with no memset and no
 second launch. With WRITE_KV (a decode step: one row per sequence) the same launch writes each
 row's new key and value to the cache and attends to them from its inputs, so no program reads a
-slot another is writing. `_write_kv_kernel` stores the step's keys and values in the paged cache.
+slot another is writing; with ROPE it first rotates the query and that key (neox pairs, the
+angles from a table row: ops/rope_attention.py). `_write_kv_kernel` stores the step's keys and values in the paged cache.
 """
 
 from __future__ import annotations
