@@ -86,7 +86,9 @@ class CompilationConfig:
     # A pass on a CUDA graph before it is split (backends/rope_attention_pass.py) that moves the
     # rotary embedding of the query and key (neox RoPE, recognised by what it computes) into our
     # paged attention op: the decode attention rotates them in registers, no RoPE kernel runs
-    # between the qkv projection and the attention. Keyed when on.
+    # between the qkv projection and the attention. Off: on an H100 the decode step is 1.9% slower
+    # at batch 1, the rotation's dependent loads on the attention's critical path (BENCHMARKS.md,
+    # benchmarks/decode_ab.py -ropeattn). Keyed when on.
     rope_attention_pass: bool = False
     # Reductions along a row of up to this many elements (an RMSNorm over the hidden size) run
     # as Inductor's persistent reductions, one read of the row, where Inductor stops at 1024
