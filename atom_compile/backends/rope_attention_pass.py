@@ -24,7 +24,7 @@ from typing import Callable, Optional
 import torch
 import torch.fx as fx
 
-from .rope_match import _backward, _gather, _pure, _tensor, _val, match_rope
+from .rope_match import _backward, _gather, _pure, _tensor, _token_expr, _val, match_rope
 
 logger = logging.getLogger("atom_compile")
 
@@ -88,6 +88,9 @@ def _plan(attention: fx.Node) -> Optional[tuple[dict, dict]]:
             or _val(q).shape[2] != _val(k).shape[2] or set(mq["sub"]) & set(mk["sub"]):
         return None
     cos, sin = _gathered(mq["cos"]), _gathered(mk["sin"])
+    rows = _token_expr(_val(q))
+    if cos[1] is None and any(_token_expr(_val(t[0])) != rows for t in (cos, sin)):
+        return None  # read a row per token: the tensors must have the query's rows
     if cos[1] is not sin[1] or any(u.target in _SHAPE_ONLY and _val(u).dtype != _val(mq["raw"]).dtype for u in q.users):
         return None
     return mq, mk

@@ -43,10 +43,15 @@ def _gather(node: fx.Node) -> bool:
     return node.target is operator.getitem and isinstance(node.args[1], fx.Node) and _tensor(node.args[1])
 
 
+def _floating(a: Any) -> bool:
+    return a.is_floating_point if isinstance(a, torch.dtype) else _tensor(a) and _val(a).is_floating_point()
+
+
 def _cast_only(node: fx.Node) -> bool:
-    """`.to(...)` with dtypes only (a device move is not a cast)."""
-    rest = [a for a in node.args[1:]] + list(node.kwargs.values())
-    return all(isinstance(a, (torch.dtype, bool)) or _tensor(a) for a in rest)
+    """`.to(...)` or `.type_as(...)` to a floating dtype only (the probe runs casts as identity:
+    an integer cast or a device move is not one)."""
+    rest = [a for a in node.args[1:]] + [v for k, v in node.kwargs.items() if k not in ("copy", "non_blocking")]
+    return all(_floating(a) for a in rest)
 
 
 def _pure(node: fx.Node) -> bool:
@@ -54,7 +59,7 @@ def _pure(node: fx.Node) -> bool:
     if "out" in node.kwargs:
         return False
     if node.op == "call_method":
-        return node.target in _METHODS and (node.target != "to" or _cast_only(node))
+        return node.target in _METHODS and (node.target not in ("to", "type_as") or _cast_only(node))
     return node.op == "call_function" and node.target in _FUNCTIONS and not _gather(node)
 
 

@@ -22,7 +22,7 @@ class PagedAttention(torch.nn.Module):
     """qkv, RoPE on q and k (a table gathered at the positions, or angles computed from them),
     then our paged attention op and a projection of its output."""
 
-    def __init__(self, rope, angles="table", reads_rotated_q=False, k_shift=0):
+    def __init__(self, rope, angles="table", reads_rotated_q=False, k_shift=0, by_name=False):
         super().__init__()
         torch.manual_seed(0)
         self.qkv = torch.nn.Linear(HIDDEN, Q + 2 * KV, bias=False)
@@ -32,6 +32,7 @@ class PagedAttention(torch.nn.Module):
         self.register_buffer("inv_freq", 1.0 / (10000.0 ** (torch.arange(0, HEAD_DIM, 2).float() / HEAD_DIM)))
         self.register_buffer("kv_cache", torch.zeros(2, SEQS * BLOCKS_PER_SEQ + 1, BLOCK, KV_HEADS, HEAD_DIM))
         self.rope, self.angles, self.reads_rotated_q, self.k_shift = rope, angles, reads_rotated_q, k_shift
+        self.by_name, self.scale = by_name, 0.25
 
     def _angles(self, positions):
         if self.angles == "computed":  # a row per token, computed in the graph
@@ -50,7 +51,10 @@ class PagedAttention(torch.nn.Module):
             k = self.rope(k.view(-1, KV_HEADS, HEAD_DIM), k_cos, k_sin)
         q, k = q.reshape(-1, HEADS, HEAD_DIM), k.reshape(-1, KV_HEADS, HEAD_DIM)
         out = torch.empty_like(q)
-        torch.ops.atom.paged_attention_with_output(q, k, v.view(-1, KV_HEADS, HEAD_DIM), out, self.kv_cache, 0.25)
+        if self.by_name:  # the layer found by name in the forward context, as a vLLM-style model calls it
+            torch.ops.aiter.unified_attention_with_output(q, k, v.view(-1, KV_HEADS, HEAD_DIM), out, "layer")
+        else:
+            torch.ops.atom.paged_attention_with_output(q, k, v.view(-1, KV_HEADS, HEAD_DIM), out, self.kv_cache, 0.25)
         y = self.o(out.view(-1, Q))
         return y + q.float().mean() if self.reads_rotated_q else y
 
@@ -84,8 +88,10 @@ def _run(rope, **kwargs):
     gen = torch.Generator().manual_seed(3)
     for positions, meta, ctx in _steps():
         h = torch.randn(positions.shape[0], HIDDEN, generator=gen).to(BF16)
-        with torch.no_grad(), ac.set_forward_context(meta, None, ctx):
-            got, want = compiled(positions, h), eager(positions, h)
+        with torch.no_grad(), ac.set_forward_context(meta, None, ctx, no_compile_layers={"layer": compiled_module}):
+            got = compiled(positions, h)
+        with torch.no_grad(), ac.set_forward_context(meta, None, ctx, no_compile_layers={"layer": eager}):
+            want = eager(positions, h)
         worst = max(worst, (got.float() - want.float()).abs().max().item())
     worst = max(worst, (compiled_module.kv_cache.float() - eager.kv_cache.float()).abs().max().item())
     return seen["moved"], seen["targets"], worst
@@ -98,6 +104,11 @@ def test_neox_ropes_go_into_the_attention_and_attend_as_eager(rope):
     assert rope_attention.paged_op() in targets and torch.ops.atom.paged_attention_with_output not in targets
     assert torch.cat not in targets and torch.index_select not in targets  # the rotation and gather are gone
     assert worst < 0.05  # bf16: the models round their math differently (the built-in: not at all)
+
+
+def test_the_by_name_op_becomes_its_rotating_twin():
+    moved, targets, worst = _run(_builtin, by_name=True)
+    assert moved == 1 and rope_attention.by_name_op() in targets and worst < 0.05
 
 
 def test_angles_computed_in_the_graph_are_read_a_row_per_token():
