@@ -333,3 +333,8 @@ class PagedAttentionMetadataBuilder:
         ctx = Context(positions=self.positions[:total_rows], is_prefill=is_prefill, batch_size=num_seqs,
                       running_bs=seqs, running_tokens=total_rows)
         return self.input_ids[:total_rows], self.positions[:total_rows], meta, ctx
+
+
+# The rotating twins of the ops above are splitting ops too, and the set of splitting ops enters
+# a graph-partition compile's key: register them whenever these are, in every process alike.
+from . import rope_attention  # noqa: E402,F401
