@@ -9,7 +9,8 @@ back to 0, so the next call (or a CUDA graph's replay) finds it zeroed with no m
 second launch. With WRITE_KV (a decode step: one row per sequence) the same launch writes each
 row's new key and value to the cache and attends to them from its inputs, so no program reads a
 slot another is writing; with ROPE it first rotates the query and that key (neox pairs, the
-angles from a table row: ops/rope_attention.py). `_write_kv_kernel` stores the step's keys and values in the paged cache.
+angles from a table row: ops/rope_attention.py). `_write_kv_kernel` stores the step's keys and
+values in the paged cache.
 """
 
 from __future__ import annotations
@@ -61,16 +62,21 @@ def _rope_angles(cos_ptr, sin_ptr, rope_idx_ptr, row, stride_cos, stride_sin, ro
                  offs_d, d_mask, HALF: tl.constexpr, ROPE: tl.constexpr):
     # the row's (cos, signed sin) over a head's columns, from the tables' row at rope_idx[row]
     # (ROPE 2: a negative index counts from the end, as torch indexing does) or at the row itself
-    # (ROPE 1); an index past the table (a padding row's, say) reads cos 1, sin 0
-    if ROPE == 2:
-        at = tl.load(rope_idx_ptr + row).to(tl.int64)
-        at = tl.where(at < 0, at + rope_rows, at)
-    else:
-        at = row.to(tl.int64)
-    ok = d_mask & (at >= 0) & (at < rope_rows)
-    cos = tl.load(cos_ptr + at * stride_cos + cos_first + offs_d % HALF, mask=ok, other=1.0).to(tl.float32)
-    sin = tl.load(sin_ptr + at * stride_sin + sin_first + offs_d % HALF, mask=ok, other=0.0).to(tl.float32)
-    return cos, tl.where(offs_d < HALF, -sin, sin)
+    # (ROPE 1); an index past the table (a padding row's, say) reads cos 1, sin 0. Without ROPE,
+    # placeholders that nothing reads
+    cos = offs_d.to(tl.float32)
+    sin = cos
+    if ROPE != 0:
+        if ROPE == 2:
+            at = tl.load(rope_idx_ptr + row).to(tl.int64)
+            at = tl.where(at < 0, at + rope_rows, at)
+        else:
+            at = row.to(tl.int64)
+        ok = d_mask & (at >= 0) & (at < rope_rows)
+        cos = tl.load(cos_ptr + at * stride_cos + cos_first + offs_d % HALF, mask=ok, other=1.0).to(tl.float32)
+        sin = tl.load(sin_ptr + at * stride_sin + sin_first + offs_d % HALF, mask=ok, other=0.0).to(tl.float32)
+        sin = tl.where(offs_d < HALF, -sin, sin)
+    return cos, sin
 
 
 @triton.jit
@@ -96,18 +102,6 @@ def _attend_own_key(q, k, v, m_i, l_i, acc, dtype: tl.constexpr):
     acc = acc * alpha[:, None] + p[:, None] * v[None, :]
     l_i = l_i * alpha + p
     return m_new, l_i, acc
-
-
-@triton.jit
-def _angles_if(cos_ptr, sin_ptr, rope_idx_ptr, row, stride_cos, stride_sin, rope_rows, cos_first, sin_first, offs_d,
-               d_mask, cos, sin, HALF: tl.constexpr, ROPE: tl.constexpr, PREFETCH: tl.constexpr, EARLY: tl.constexpr):
-    # the angles, read at this call where ROPE and it is the early one (before the wait) exactly
-    # when the kernel prefetches; else (cos, sin) as given (placeholders without ROPE)
-    if ROPE:
-        if PREFETCH == EARLY:
-            cos, sin = _rope_angles(cos_ptr, sin_ptr, rope_idx_ptr, row, stride_cos, stride_sin, rope_rows,
-                                    cos_first, sin_first, offs_d, d_mask, HALF, ROPE)
-    return cos, sin
 
 
 @triton.jit
@@ -240,18 +234,15 @@ def _attention_kernel(
         last = tl.minimum(n_keys, first + keys_per_split)
         # with WRITE_KV the cache holds keys [0, pos) and key pos is new
         cached_end = tl.minimum(last, pos) if WRITE_KV else last
-        # ROPE: the query and the new key are rotated here (neox pairs), not by a kernel before;
-        # the angles are read with the first tile where that is read ahead (PREFETCH)
-        cos = offs_d.to(tl.float32)  # a placeholder, unread without ROPE
-        cos, sin = _angles_if(cos_ptr, sin_ptr, rope_idx_ptr, row, stride_cos, stride_sin, rope_rows, cos_first,
-                              sin_first, offs_d, d_mask, cos, cos, HEAD_DIM // 2, ROPE, PREFETCH, True)
         if PREFETCH:
             k0, v0, n0 = _kv_tile(k_ptr, v_ptr, tables_ptr, seq, kv_head, first, cached_end, offs_d, d_mask,
                                   stride_kb, stride_ks, stride_kh, stride_bt, BLOCK_SIZE, BLOCK_N)
             if PDL:
                 wait_then_release()
-        cos, sin = _angles_if(cos_ptr, sin_ptr, rope_idx_ptr, row, stride_cos, stride_sin, rope_rows, cos_first,
-                              sin_first, offs_d, d_mask, cos, sin, HEAD_DIM // 2, ROPE, PREFETCH, False)
+        # ROPE: the query and the new key are rotated here (neox pairs), not by a kernel before;
+        # the angles after the wait (the kernel before may have written the index)
+        cos, sin = _rope_angles(cos_ptr, sin_ptr, rope_idx_ptr, row, stride_cos, stride_sin, rope_rows, cos_first,
+                                sin_first, offs_d, d_mask, HEAD_DIM // 2, ROPE)
         if WRITE_KV:  # the span holding the row's own key reads it with the query, not after a branch
             own = (pos >= first) & (pos < last)
             new_k, new_v, slot = _own_kv(new_k_ptr, new_v_ptr, slot_ptr, row, kv_head, offs_d, d_mask, own,

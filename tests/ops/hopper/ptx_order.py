@@ -67,16 +67,16 @@ VARIANTS = [
     ("padded dots+prefetch", _small_m_linear_kernel,
      _linear(True, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, USE_DOT=True), 4),
     ("attention", _attention_kernel, dict(GROUP=4, G_PAD=16, BLOCK_SIZE=16, BLOCK_N=64, HEAD_DIM=64, D_PAD=64,
-                                          S_PAD=32, IEEE=False, WRITE_KV=False, PDL=True, PREFETCH=False), 4),
+                                          S_PAD=32, IEEE=False, WRITE_KV=False, PDL=True, PREFETCH=False, ROPE=0), 4),
     ("attention+write", _attention_kernel, dict(GROUP=4, G_PAD=16, BLOCK_SIZE=16, BLOCK_N=64, HEAD_DIM=64, D_PAD=64,
-                                                S_PAD=32, IEEE=False, WRITE_KV=True, PDL=True, PREFETCH=False), 4),
+                                                S_PAD=32, IEEE=False, WRITE_KV=True, PDL=True, PREFETCH=False, ROPE=0), 4),
     ("attention+write+prefetch", _attention_kernel,
      dict(GROUP=4, G_PAD=16, BLOCK_SIZE=16, BLOCK_N=64, HEAD_DIM=64, D_PAD=64, S_PAD=32, IEEE=False,
-          WRITE_KV=True, PDL=True, PREFETCH=True), 4),
+          WRITE_KV=True, PDL=True, PREFETCH=True, ROPE=0), 4),
     ("attention+write+rope", _attention_kernel,  # the angles' loads after the wait
      dict(GROUP=4, G_PAD=16, BLOCK_SIZE=16, BLOCK_N=64, HEAD_DIM=64, D_PAD=64, S_PAD=32, IEEE=False,
           WRITE_KV=True, PDL=True, PREFETCH=False, ROPE=2), 4),
-    ("attention+write+rope+prefetch", _attention_kernel,  # and before it, with the first tile
+    ("attention+write+rope+prefetch", _attention_kernel,  # the first tile before the wait, the angles after
      dict(GROUP=4, G_PAD=16, BLOCK_SIZE=16, BLOCK_N=64, HEAD_DIM=64, D_PAD=64, S_PAD=32, IEEE=False,
           WRITE_KV=True, PDL=True, PREFETCH=True, ROPE=2), 4),
     ("add-rms-norm", _add_rms_norm_kernel, dict(ADD=True, BLOCK_K=2048, PDL=True), 4),
