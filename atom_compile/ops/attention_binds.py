@@ -53,7 +53,8 @@ def _launches_for(bound: dict, meta: Any) -> Optional[tuple]:
     return bound.get(meta.max_seqlen_q == 1) or bound.get(False)
 
 
-def bound_replay(launches: dict, reads: Callable[[], tuple], expected: Any, run_op: Callable[[], None]) -> Callable[[], None]:
+def bound_replay(launches: dict, reads: Callable[[], tuple], expected: Any,
+                 run_op: Callable[[], None]) -> Callable[[], None]:
     """A bound region's replay: `reads()` gives (what the launches baked in, the step's metadata);
     where that is still `expected` the launches right for the step run, else the op (`run_op`)."""
 

@@ -11,8 +11,8 @@ Other steps and devices rotate with PyTorch, then attend as the plain ops do.
 
 The angles: row `index[i]` of `cos_table` (row i where `index` is None) holds query row i's cos
 at columns [cos_first, cos_first + head_dim / 2), and the same row of `sin_table` its sin from
-sin_first; a model's `cos_sin_cache[positions]` is one table and its positions. The rotation is computed in float32 on the inputs and rounded to
-their dtype, as the models' RoPE computes.
+sin_first; a model's `cos_sin_cache[positions]` is one table and its positions. The rotation is
+computed in float32 on the inputs and rounded to their dtype, as the models' RoPE computes.
 """
 
 from __future__ import annotations
