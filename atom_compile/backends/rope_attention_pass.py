@@ -24,7 +24,7 @@ from typing import Callable, Optional
 import torch
 import torch.fx as fx
 
-from .rope_match import _backward, _gather, _pure, _tensor, _token_expr, _val, match_rope
+from .rope_match import _gather, _pure, _tensor, _token_expr, _val, match_rope
 
 logger = logging.getLogger("atom_compile")
 
@@ -111,7 +111,7 @@ def _rewrite(graph: fx.Graph, attention: fx.Node, op: Callable, count: int, mq: 
     graph.erase_node(attention)
     for user in list(q.users):  # shape-only readers: the unrotated query has its shape and dtype
         user.replace_input_with(q, raw_q)
-    return mq["sub"] + mk["sub"] + [n for n in _backward(q) + _backward(k) if n not in mq["sub"] + mk["sub"]]
+    return mq["nodes"] + mk["nodes"]  # the rotations and the angles' moves; the sweep keeps what is read
 
 
 def _heads(graph: fx.Graph, node: fx.Node, heads: int, head_dim: int) -> fx.Node:

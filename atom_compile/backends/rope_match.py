@@ -18,6 +18,8 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from .rope_pass import _unit_pairs
+
 MAX_NODES = 64  # a RoPE of q or k is a dozen or two nodes
 PROBE_ROWS = 3  # a symbolic token count's value on the probe
 _CASTS = {"float", "half", "bfloat16", "double", "type_as", "to"}
@@ -138,17 +140,11 @@ def _per_token(node: fx.Node, rows: Any, width: int) -> bool:
         and math.prod(val.shape[1:]) == width
 
 
-def _unit_pairs(rows: int, heads: int, head_dim: int) -> torch.Tensor:
-    """[rows, heads, head_dim] whose every pair is (1, 0): RoPE turns it into (cos, sin)."""
-    head = torch.cat([torch.ones(head_dim // 2), torch.zeros(head_dim // 2)]).double()
-    return head.repeat(rows, heads, 1)
-
-
 def _angles(raw: fx.Node, sub: list[fx.Node], leaves: list, inputs: dict, heads: int, head_dim: int,
             rows: int, gen: torch.Generator) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
     """(cos, sin) [rows, half] where `sub` rotates `raw` by them on these leaf values, else None."""
     half, shape = head_dim // 2, (rows, *_val(raw).shape[1:])
-    unit = _run(sub, {**inputs, raw: _unit_pairs(rows, heads, head_dim).reshape(shape)})
+    unit = _run(sub, {**inputs, raw: _unit_pairs(rows, heads * head_dim, head_dim).reshape(shape)})
     if unit.numel() != rows * heads * head_dim:
         return None
     unit = unit.reshape(rows, heads, head_dim)
@@ -233,7 +229,7 @@ def _probe(raw: fx.Node, sub: list[fx.Node], heads: int, head_dim: int) -> Optio
 def match_rope(target: fx.Node) -> Optional[dict]:
     """How `target` ([tokens, heads, head_dim], an attention's q or k) is RoPE of an earlier node:
     that node (the farthest back that fits), the nodes between, the (tensor, first column)
-    sources of cos and sin; else None."""
+    sources of cos and sin, and every pure node it was looked for among; else None."""
     val = _val(target)
     if not isinstance(val, torch.Tensor) or val.dim() != 3 or not all(isinstance(d, int) for d in val.shape[1:]) \
             or val.shape[2] % 2:
@@ -248,7 +244,7 @@ def match_rope(target: fx.Node) -> Optional[dict]:
         sub = _between(raw, target, nodes)
         found = _probe(raw, sub, heads, head_dim) if sub else None
         if found is not None:
-            return found
+            return {**found, "nodes": nodes}
     return None
 
 
