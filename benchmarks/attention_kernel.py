@@ -12,12 +12,14 @@ decode op per layer in the graph: the step's key and value written, then attende
 where the tree has `writes_kv`, else the write launch and the attention launch), so the same
 script on an older tree measures what the one-launch kernel replaced.
 
-    python benchmarks/attention_kernel.py [--batch 1,8,32] [--context 1024] [--iters 200] [--sweep] [--table-keys N]
+    python benchmarks/attention_kernel.py [--batch 1,8,32] [--context 1024] [--iters 200]
+        [--sweep [--tunings PxBxW,...]] [--table-keys N]
 
 --sweep also times the whole decode op in the graph for each tuning of the kernel (span
 programs per multiprocessor, keys per loop step, warps: `triton_attention.Tuning`, forced
 through `triton_attention.FORCED`) and prints one row per tuning, the fastest of each batch
-starred and the one the tree's rule (`tuning_for`) picks marked.
+starred and the one the tree's rule (`tuning_for`) picks marked. `--tunings 2x128x4,0x512x8`
+names the tunings to time instead (P 0: one span per row and KV head, the whole row in one program).
 """
 
 from __future__ import annotations
@@ -121,8 +123,10 @@ def sweep(batch: int, context: int, iters: int) -> dict[tuple, float]:
     k = torch.randn(batch, KV_HEADS, DIM, device="cuda", dtype=torch.bfloat16)
     v, out = torch.randn_like(k), torch.empty_like(q)
     timings = {}
+    rule = ta.tuning_for(batch * KV_HEADS, torch.device("cuda"))
+    rule = (rule.programs_per_sm, rule.block_n, rule.num_warps)
     try:
-        for tuning in SWEEP:
+        for tuning in SWEEP + [rule] * (rule not in SWEEP):
             ta.FORCED = ta.Tuning(*tuning)
             timings[tuning] = _graph_us([lambda c=c: _decode_op(ta, q, k, v, c, out, meta, DIM ** -0.5)
                                          for c in caches], iters)
@@ -145,10 +149,13 @@ def print_sweep(batches: list[int], context: int, iters: int) -> None:
           "(* fastest, < the tree's rule)")
     print("| programs/SM, BLOCK_N, warps | " + " | ".join(f"bs {b}" for b in batches) + " |")
     print("|---|" + "---|" * len(batches))
-    for tuning in SWEEP:
+    for tuning in SWEEP + sorted(set(picked.values()) - set(SWEEP)):
         cells = []
         for batch in batches:
-            us = columns[batch][tuning]
+            us = columns[batch].get(tuning)
+            if us is None:  # a rule's tuning for another batch only
+                cells.append("")
+                continue
             mark = ("*" if us == min(columns[batch].values()) else "") + ("<" if picked[batch] == tuning else "")
             cells.append(f"{us:.2f}{mark}")
         print(f"| {tuning} | " + " | ".join(cells) + " |", flush=True)
@@ -164,9 +171,19 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=200, help="timed runs per measurement (>= 100)")
     ap.add_argument("--sweep", action="store_true", help="also time each kernel tuning (SWEEP)")
     ap.add_argument("--table-keys", type=int, default=0, help="block table width in keys (default: the context)")
+    ap.add_argument("--tunings", default="", help="the sweep's tunings instead of SWEEP, as PxBxW,... (programs "
+                    "per SM, keys per step, warps; P 0: one span per row and KV head)")
     args = ap.parse_args()
-    global TABLE_KEYS
+    global TABLE_KEYS, SWEEP
     TABLE_KEYS = args.table_keys
+    if args.tunings:
+        try:
+            SWEEP = [tuple(int(x) for x in t.split("x")) for t in args.tunings.split(",")]
+        except ValueError:
+            ap.error("--tunings takes PxBxW,... with integers")
+        if any(len(t) != 3 or t[0] < 0 or t[1] < 16 or t[1] & (t[1] - 1) or t[2] not in (1, 2, 4, 8, 16)
+               for t in SWEEP):
+            ap.error("--tunings: P >= 0, B a power of two >= 16, W one of 1, 2, 4, 8, 16")
     batches = [int(b) for b in args.batch.split(",")]
     if args.context <= 0 or args.context % BLOCK or args.iters < 100 or min(batches) <= 0:
         ap.error(f"--context must be a positive multiple of {BLOCK}, --iters >= 100, batches > 0")

@@ -285,7 +285,9 @@ def run_peer(batches: list[int], context: int, steps: int) -> dict:
     from _peer_decoder import PeerDecoder
 
     from atom_compile.models import preset
+    from atom_compile.ops import jit_watch
 
+    jit_watch.stop_watching()  # the peer compiles and tunes kernels of its own: no miss of our warm-up
     out = {}
     for b in batches:
         torch.manual_seed(0)
