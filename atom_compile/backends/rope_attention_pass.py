@@ -46,13 +46,14 @@ def _gathered(source: tuple[fx.Node, int]) -> tuple[fx.Node, Optional[fx.Node], 
     return node, None, first
 
 
-def _rows(graph: fx.Graph, node: fx.Node, last: int) -> fx.Node:
-    """`node` as [rows, last] (a reshape node where it has other dims)."""
+def _reshaped(graph: fx.Graph, node: fx.Node, *trailing: int) -> fx.Node:
+    """`node` as [rows, *trailing]: itself where it has that shape, else a reshape node at the
+    graph's insertion point."""
     val = _val(node)
-    if val.dim() == 2 and val.shape[-1] == last:
+    if val.dim() == len(trailing) + 1 and tuple(val.shape[1:]) == trailing:
         return node
-    out = graph.call_method("reshape", (node, -1, last))
-    out.meta["example_value"] = val.reshape(-1, last)
+    out = graph.call_method("reshape", (node, -1, *trailing))
+    out.meta["example_value"] = val.reshape(-1, *trailing)
     return out
 
 
@@ -74,9 +75,10 @@ def _attention_kind(node: fx.Node) -> Optional[tuple[Callable, int]]:
 _SHAPE_ONLY = (torch.empty_like, torch.zeros_like)
 
 
-def _plan(attention: fx.Node) -> Optional[tuple[dict, dict]]:
+def _plan(attention: fx.Node) -> Optional[tuple[dict, dict, tuple, tuple]]:
     """The matches of q and k where both are RoPE of one angle source and nothing but the
-    attention (and shape-only readers of q: `empty_like`) reads them rotated."""
+    attention (and shape-only readers of q: `empty_like`) reads them rotated, with where the op
+    reads the cos and the sin (`_gathered`)."""
     q, k = attention.args[0], attention.args[1]
     if not isinstance(q, fx.Node) or not isinstance(k, fx.Node) or q is k:
         return None
@@ -93,18 +95,21 @@ def _plan(attention: fx.Node) -> Optional[tuple[dict, dict]]:
         return None  # read a row per token: the tensors must have the query's rows
     if cos[1] is not sin[1] or any(u.target in _SHAPE_ONLY and _val(u).dtype != _val(mq["raw"]).dtype for u in q.users):
         return None
-    return mq, mk
+    return mq, mk, cos, sin
 
 
-def _rewrite(graph: fx.Graph, attention: fx.Node, op: Callable, count: int, mq: dict, mk: dict) -> list[fx.Node]:
+def _rewrite(graph: fx.Graph, attention: fx.Node, op: Callable, count: int, mq: dict, mk: dict,
+             cos_at: tuple, sin_at: tuple) -> list[fx.Node]:
     q, k = attention.args[0], attention.args[1]
     heads_q, heads_k, head_dim = _val(q).shape[1], _val(k).shape[1], _val(q).shape[2]
-    (cos, index, cos_first), (sin, _, sin_first) = _gathered(mq["cos"]), _gathered(mq["sin"])
-    raw_q = _heads(graph, mq["raw"], heads_q, head_dim)  # before q's shape-only readers
-    raw_k = _heads(graph, mk["raw"], heads_k, head_dim)
+    (cos, index, cos_first), (sin, _, sin_first) = cos_at, sin_at
+    with graph.inserting_after(mq["raw"]):  # before q's shape-only readers
+        raw_q = _reshaped(graph, mq["raw"], heads_q, head_dim)
+    with graph.inserting_after(mk["raw"]):
+        raw_k = _reshaped(graph, mk["raw"], heads_k, head_dim)
     with graph.inserting_before(attention):
         if index is None:
-            cos, sin = _rows(graph, cos, _val(cos).shape[-1]), _rows(graph, sin, _val(sin).shape[-1])
+            cos, sin = _reshaped(graph, cos, _val(cos).shape[-1]), _reshaped(graph, sin, _val(sin).shape[-1])
         new = graph.call_function(op, (raw_q, raw_k, *attention.args[2:count], cos, sin, index, cos_first, sin_first))
     new.meta.update(attention.meta)
     attention.replace_all_uses_with(new)
@@ -114,22 +119,12 @@ def _rewrite(graph: fx.Graph, attention: fx.Node, op: Callable, count: int, mq: 
     return mq["nodes"] + mk["nodes"]  # the rotations and the angles' moves; the sweep keeps what is read
 
 
-def _heads(graph: fx.Graph, node: fx.Node, heads: int, head_dim: int) -> fx.Node:
-    val = _val(node)
-    if val.dim() == 3 and tuple(val.shape[1:]) == (heads, head_dim):
-        return node
-    with graph.inserting_after(node):
-        out = graph.call_method("reshape", (node, -1, heads, head_dim))
-    out.meta["example_value"] = val.reshape(-1, heads, head_dim)
-    return out
-
-
 def fuse_rope_into_attention(gm: fx.GraphModule) -> int:
     """Rewrite each of our paged attention ops whose query and key are RoPE'd right before it, as
     described above; the number rewritten. The rotation's nodes left unread are removed."""
     graph, rewritten, dropped = gm.graph, 0, []
-    for attention in [n for n in graph.nodes if _attention_kind(n) is not None]:
-        op, count = _attention_kind(attention)
+    ours = [(n, kind) for n in graph.nodes if (kind := _attention_kind(n)) is not None]
+    for attention, (op, count) in ours:
         plan = _plan(attention)
         if plan is not None:
             dropped += _rewrite(graph, attention, op, count, *plan)
