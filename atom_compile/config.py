@@ -90,6 +90,12 @@ class CompilationConfig:
     # at batch 1, the rotation's dependent loads on the attention's critical path (BENCHMARKS.md,
     # benchmarks/decode_ab.py -ropeattn). Keyed when on.
     rope_attention_pass: bool = False
+    # Where a FULL CUDA graph records the split graph on a Hopper or later GPU, before each
+    # attention a second stream of the graph asks L2 for the first this-many MB of the weights
+    # the next piece multiplies by (backends/l2_prefetch_pass.py): the memory works through the
+    # attention's latency. None: half the GPU's L2; 0: off. Changes no compiled piece, but the
+    # stitching graph a warm start loads holds it: keyed when set.
+    l2_prefetch_mb: Optional[int] = None
     # Reductions along a row of up to this many elements (an RMSNorm over the hidden size) run
     # as Inductor's persistent reductions, one read of the row, where Inductor stops at 1024
     # (backends/reductions.py): 2.0% off the decode step at batch 1 on an H100. 0 leaves
@@ -120,8 +126,9 @@ class CompilationConfig:
             if name == "glu_pass" and self.glu_pass is None:  # the default: follows small_m_linear_pass
                 continue
             setattr(self, name, _check_bool(f"CompilationConfig.{name}", getattr(self, name)))
-        self.persistent_reduction_max = _check_count("CompilationConfig.persistent_reduction_max",
-                                                     self.persistent_reduction_max, "Inductor's choice")
+        for name, zero in (("persistent_reduction_max", "Inductor's choice"), ("l2_prefetch_mb", "off")):
+            if getattr(self, name) is not None:  # l2_prefetch_mb None: half the GPU's L2
+                _check_count(f"CompilationConfig.{name}", getattr(self, name), zero)
         for name in ("prologue_pass", "glu_pass", "rope_pass"):
             if getattr(self, name) and not self.small_m_linear_pass:
                 raise ConfigError(f"CompilationConfig.{name}", True,
@@ -229,6 +236,8 @@ class CompilationConfig:
                 factors[name] = True
         if self.persistent_reduction_max:
             factors["persistent_reduction_max"] = self.persistent_reduction_max
+        if self.l2_prefetch_mb is not None:
+            factors["l2_prefetch_mb"] = self.l2_prefetch_mb
         return factors
 
     def glu_fused(self) -> bool:

@@ -49,6 +49,10 @@ class CompilationCounter:
     num_regions_inlined: int = 0
     # attention ops that took their query's and key's RoPE (backends/rope_attention_pass.py)
     num_rope_into_attention: int = 0
+    # weight prefetches into L2 put before attention ops (backends/l2_prefetch_pass.py)
+    num_l2_prefetches: int = 0
+    # ... and recorded into CUDA graphs (ops/l2_prefetch.py: a fork of the capture's stream)
+    num_l2_prefetches_recorded: int = 0
     # traces retried without nested compile regions (the region did not apply)
     num_region_fallbacks: int = 0
     num_cudagraph_captured: int = 0

@@ -197,6 +197,11 @@ def atom_arm(name: str, batches: list[int]) -> tuple[dict, contextlib.ExitStack]
         from atom_compile.models import llama
 
         patches.enter_context(mock.patch.object(llama.RotaryEmbedding, "forward", lambda self, p, q, k: (q, k)))
+    if "-nol2pf" in name:  # no weight prefetch into L2 before the attention (the default up to 2026-12-06)
+        cc["l2_prefetch_mb"] = 0
+    l2pf = re.search(r"-l2pf(\d+)", name)
+    if l2pf:  # -l2pfN: the prefetch's budget, N MB (the default: half the GPU's L2)
+        cc["l2_prefetch_mb"] = int(l2pf.group(1))
     attn = re.search(r"-attn(\d+)x(\d+)x(\d+)", name)
     if attn:  # -attnPxBxW: the decode attention's tuning at every batch (programs per SM, keys per step, warps)
         patches.enter_context(_attention_tuning(tuple(int(g) for g in attn.groups())))

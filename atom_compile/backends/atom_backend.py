@@ -33,7 +33,8 @@ from ..config import (
 )
 from ..counters import compilation_counter
 from ..errors import CacheMiss, GraphBreakError
-from . import compile_only, compiled_function, floats, graph_partition, regions, rope_attention_pass, strict, unsupported
+from . import (compile_only, compiled_function, floats, graph_partition, l2_prefetch_pass, regions, rope_attention_pass,
+               strict, unsupported)
 from .inductor import make_compiler
 from .custom_passes import compiler_config
 from .manager import CompilerManager
@@ -252,6 +253,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], cc: Compilation
                                  environment.group_owners) \
         if shared is not None else None
     compile_pieces(split_gm, items, manager, cc, example_inputs, prefix, group)
+    _prefetch_weights(split_gm, items, cc, example_inputs, prefix)
     _write_graphs(cc, prefix, cache, split_gm, items)
 
     fn: Callable = split_gm.forward
@@ -274,6 +276,16 @@ def _move_rope(gm: fx.GraphModule, cc: CompilationConfig, example_inputs: list[A
         moved = rope_attention_pass.fuse_rope_into_attention(gm)
         compilation_counter.num_rope_into_attention += moved
         logger.info("atom-compile: %s: RoPE moved into %d attention ops", prefix, moved)
+
+
+def _prefetch_weights(split_gm: fx.GraphModule, items: list[SplitItem], cc: CompilationConfig,
+                      example_inputs: list[Any], prefix: str) -> None:
+    mode = effective_cudagraph_mode(cc)
+    full = mode.has_full_cudagraphs() and not mode.uses_tr_hybrid() and not graph_partition.enabled(cc)
+    forks = l2_prefetch_pass.apply(split_gm, items, example_inputs, cc.l2_prefetch_mb, full)
+    if forks:
+        compilation_counter.num_l2_prefetches += forks
+        logger.info("atom-compile: %s: %d weight prefetches into L2 before the attention ops", prefix, forks)
 
 
 def _partition_ops(cc: CompilationConfig) -> list[str]:

@@ -54,6 +54,7 @@ CONFIG_FIELDS = {
     "rope_pass": (True, True),
     "rope_attention_pass": (True, True),
     "persistent_reduction_max": (0, True),
+    "l2_prefetch_mb": (0, True),
 }
 def _noop_pass(graph) -> None:
     """An Inductor post-grad pass that changes nothing: its source still enters the key."""

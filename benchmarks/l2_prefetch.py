@@ -1,0 +1,263 @@
+"""Streaming the next weights into L2 while a decode layer's latency-bound kernels run (issue 15).
+
+At batch 1 a decode layer reads its weights in four GEMVs at near the copy bandwidth, and in
+between the memory idles: the attention (some 8 us of latency for 2 MB of KV), the norms, the
+GEMVs' ramps. A persistent "megakernel" keeps the memory busy through those by loading the next
+weights early. This measures the same idea inside a CUDA graph: after a layer's qkv GEMV (or
+its attention), a second stream of the graph issues bulk L2 prefetches (Hopper's
+`cp.async.bulk.prefetch.L2`: one instruction per chunk, no registers or shared memory) of the
+weights the next GEMVs read (the o projection, the first MB of gate_up), and the GEMVs then find
+them in L2. The prefetch is only a hint: nothing waits on it but the graph's end.
+
+The chain is a decode layer of the package's own kernels, Llama-3.2-1B dimensions, bf16, 1k
+context, every layer its own weights and KV cache (so every byte comes from memory as in a
+step): add+RMSNorm, qkv GEMV, the decode attention (KV write and attention in one launch),
+o GEMV, add+RMSNorm, gate_up GEMV, SiLU-and-mul + down GEMV, all launched with PDL where the GPU
+has it (RoPE left out). Each arm is recorded in one CUDA graph; the arms' replays are
+interleaved over --rounds rounds and each arm's us per replay is the median.
+
+    python benchmarks/l2_prefetch.py [--layers 16] [--rounds 30] [--arms base,qkv:o+gu16,...]
+
+An arm is `base` or `FORK:W+W...`: FORK is where the prefetch starts (after `qkv`, `attn` or
+`o`), each W a weight (`o`, `gu`, `down`, `next_qkv`; `kv`: the layer's KV cache) with an
+optional size in MB (its first bytes; the whole weight without one). --profile ARM,... prints,
+for those arms, where one replay's layer goes: each kernel's end after the one before's, the
+mean over the middle layers (torch's profiler), and the prefetch kernels' span.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+
+import torch
+import triton
+import triton.language as tl
+
+HIDDEN, INTER, HEADS, KV_HEADS, DIM, BLOCK, CONTEXT = 2048, 8192, 32, 8, 64, 16, 1024
+EPS = 1e-5
+DEFAULT_ARMS = ("base,qkv:o,qkv:o+gu8,qkv:o+gu16,qkv:o+gu24,qkv:gu16,attn:o+gu16,attn:gu16,"
+                "o:gu16,qkv:o+gu16+down8,base")
+
+
+@triton.jit
+def _l2_prefetch_kernel(base_ptr, nbytes, CHUNK: tl.constexpr, PER_PROGRAM: tl.constexpr):
+    # each lane one chunk; a lane past the end repeats the last 16 bytes (harmless)
+    idx = tl.program_id(0) * PER_PROGRAM + tl.arange(0, PER_PROGRAM)
+    first = tl.minimum(idx.to(tl.int64) * CHUNK, nbytes - 16)
+    size = (tl.minimum(nbytes - first, CHUNK).to(tl.int32) // 16) * 16
+    tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
+                              [base_ptr + first, size], dtype=tl.int32, is_pure=False, pack=1)
+
+
+def prefetch_l2(t: torch.Tensor, nbytes: int, chunk: int = 1 << 16, per_program: int = 32) -> None:
+    """Ask L2 for the first `nbytes` of contiguous `t` (a multiple of 16 bytes)."""
+    flat = t.view(-1).view(torch.uint8)[:nbytes]
+    programs = triton.cdiv(triton.cdiv(nbytes, chunk), per_program)
+    _l2_prefetch_kernel[(programs,)](flat, nbytes, CHUNK=chunk, PER_PROGRAM=per_program, num_warps=1)
+
+
+def parse_arm(arm: str) -> tuple[str, list[tuple[str, int]]]:
+    """`qkv:o+gu16` -> ("qkv", [("o", 0), ("gu", 16 MB)]); size 0: the whole weight."""
+    if arm == "base":
+        return "", []
+    fork, _, items = arm.partition(":")
+    if fork not in ("qkv", "attn", "o") or not items:
+        raise SystemExit(f"bad arm {arm!r}: want FORK:W+W with FORK qkv, attn or o")
+    out = []
+    for item in items.split("+"):
+        m = re.fullmatch(r"(o|gu|down|next_qkv|kv)(\d*)", item)
+        if not m:
+            raise SystemExit(f"bad weight {item!r} in {arm!r}: o, gu, down, next_qkv or kv, then MB")
+        out.append((m.group(1), int(m.group(2) or 0) << 20))
+    return fork, out
+
+
+class Layers:
+    """The chain's weights, caches and metadata, shared by every arm."""
+
+    def __init__(self, layers: int):
+        from atom_compile.ops import attention as ref
+
+        dev, bf = torch.device("cuda"), torch.bfloat16
+
+        def w(n, k):
+            return [torch.randn(n, k, device=dev, dtype=bf) / k ** 0.5 for _ in range(layers)]
+
+        self.qkv, self.o = w((HEADS + 2 * KV_HEADS) * DIM, HIDDEN), w(HIDDEN, HEADS * DIM)
+        self.gu, self.down = w(2 * INTER, HIDDEN), w(HIDDEN, INTER)
+        self.norm = torch.ones(HIDDEN, device=dev, dtype=bf)
+        blocks = CONTEXT // BLOCK
+        builder = ref.PagedAttentionMetadataBuilder(1, 1, blocks, BLOCK, device="cuda")
+        # the step's key goes to the last slot of the last block; the cache holds the keys before
+        self.meta = builder.build([ref.SequenceStep([1], CONTEXT - 1, list(range(blocks)))])[2]
+        self.caches = [torch.randn(2, blocks, BLOCK, KV_HEADS, DIM, device=dev, dtype=bf) for _ in range(layers)]
+        self.hidden = torch.randn(1, HIDDEN, device=dev, dtype=bf)
+        self.out = torch.empty(1, HEADS, DIM, device=dev, dtype=bf)
+
+    def weight(self, name: str, i: int) -> torch.Tensor:
+        if name == "next_qkv":
+            return self.qkv[(i + 1) % len(self.qkv)]
+        return {"o": self.o, "gu": self.gu, "down": self.down, "kv": self.caches}[name][i]
+
+
+def run_chain(lay: Layers, fork: str, items: list[tuple[str, int]], side: torch.cuda.Stream) -> torch.Tensor:
+    from atom_compile.ops import triton_attention as ta
+    from atom_compile.ops import triton_linear as tlin
+    from atom_compile.ops import triton_rowwise as rw
+
+    main = torch.cuda.current_stream()
+
+    def maybe_prefetch(point: str, i: int) -> None:
+        if point != fork:
+            return
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            for name, nbytes in items:
+                t = lay.weight(name, i)
+                prefetch_l2(t, min(nbytes or t.numel() * 2, t.numel() * 2))
+
+    hidden, residual = lay.hidden, torch.zeros_like(lay.hidden)
+    q_size, kv_size = HEADS * DIM, KV_HEADS * DIM
+    for i in range(len(lay.qkv)):
+        h, residual = rw.add_rms_norm(hidden, residual, lay.norm, EPS)
+        qkv = tlin.small_m_linear(h, lay.qkv[i])
+        maybe_prefetch("qkv", i)
+        q = qkv[:, :q_size].view(1, HEADS, DIM)
+        k = qkv[:, q_size:q_size + kv_size].view(1, KV_HEADS, DIM)
+        v = qkv[:, q_size + kv_size:].view(1, KV_HEADS, DIM)
+        cache = lay.caches[i]
+        ta.triton_paged_attention(q, cache[0], cache[1], lay.out, lay.meta, DIM ** -0.5, new_kv=(k, v))
+        maybe_prefetch("attn", i)
+        o = tlin.small_m_linear(lay.out.view(1, q_size), lay.o[i])
+        maybe_prefetch("o", i)
+        h, residual = rw.add_rms_norm(o, residual, lay.norm, EPS)
+        gu = tlin.small_m_linear(h, lay.gu[i])
+        hidden = tlin.silu_mul_linear(gu[:, :INTER], gu[:, INTER:], lay.down[i])
+    if fork:
+        main.wait_stream(side)  # a capture must join every stream it forked
+    return hidden
+
+
+def record(lay: Layers, arm: str) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    fork, items = parse_arm(arm)
+    side = torch.cuda.Stream()
+    run_chain(lay, fork, items, side)  # compiles and tunes outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run_chain(lay, fork, items, side)
+    torch.cuda.synchronize()
+    return graph, out
+
+
+def replay_us(graph: torch.cuda.CUDAGraph, n: int) -> float:
+    times = []
+    for _ in range(n):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def copy_tb_s() -> float:
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        b.copy_(a)
+    end.record()
+    end.synchronize()
+    return 2 * 10 * a.numel() / (start.elapsed_time(end) * 1e-3) / 1e12
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--replays", type=int, default=10, help="replays per arm per round")
+    ap.add_argument("--arms", default=DEFAULT_ARMS)
+    ap.add_argument("--profile", default="", help="arms to profile (comma-separated)")
+    args = ap.parse_args()
+    arms = args.arms.split(",")
+    for arm in arms:
+        parse_arm(arm)
+    from atom_compile.ops import pdl
+
+    bw = copy_tb_s()
+    lay = Layers(args.layers)
+    layer_bytes = 2 * (lay.qkv[0].numel() + lay.o[0].numel() + lay.gu[0].numel() + lay.down[0].numel()
+                       + lay.caches[0].numel())
+    floor_us = args.layers * layer_bytes / (bw * 1e12) * 1e6
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
+          f"PDL {'on' if pdl.enabled(torch.device('cuda')) else 'off'}; copy {bw:.2f} TB/s; "
+          f"{args.layers} layers, floor {floor_us:.1f} us ({floor_us / args.layers:.2f} a layer)")
+    graphs = {}
+    for arm in dict.fromkeys(arms):
+        graphs[arm] = record(lay, arm)
+    graphs[arms[0]][0].replay()
+    torch.cuda.synchronize()
+    base_out = graphs[arms[0]][1].float()
+    for arm, (graph, out) in graphs.items():  # the prefetch is a hint: every arm computes the same
+        graph.replay()
+        torch.cuda.synchronize()
+        diff = (out.float() - base_out).abs().max().item()
+        if diff > 0:
+            print(f"note: {arm}'s output differs from {arms[0]}'s by {diff:.3g} at most")
+    samples: dict[str, list[float]] = {arm: [] for arm in graphs}
+    for _ in range(args.rounds):
+        for arm in arms:
+            samples[arm].append(replay_us(graphs[arm][0], args.replays))
+    base = statistics.median(samples[arms[0]])
+    print("| arm | us per replay | us a layer | / floor | / first arm | 5-95% of rounds |")
+    print("|---|---|---|---|---|---|")
+    for arm in graphs:
+        s = sorted(samples[arm])
+        med = statistics.median(s)
+        lo, hi = s[int(0.05 * (len(s) - 1))], s[int(0.95 * (len(s) - 1))]
+        print(f"| {arm} | {med:.1f} | {med / args.layers:.2f} | {med / floor_us:.3f} | {med / base:.4f} | "
+              f"{lo:.1f}-{hi:.1f} |")
+    for arm in filter(None, args.profile.split(",")):
+        profile_layer(arm, graphs[arm][0], args.layers)
+
+
+PARTS = ("norm", "qkv", "attention", "o", "norm", "gate_up", "down")
+
+
+def profile_layer(arm: str, graph: torch.cuda.CUDAGraph, layers: int) -> None:
+    """Mean us from each kernel's end to the next one's over the middle layers of one replay."""
+    from torch.profiler import ProfilerActivity, profile
+
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                     key=lambda e: e.time_range.start)
+    chain = [k for k in kernels if "prefetch" not in k.name]
+    side = [k for k in kernels if "prefetch" in k.name]
+    if len(chain) != len(PARTS) * layers:
+        print(f"{arm}: {len(chain)} chain kernels, not {len(PARTS) * layers}; not profiled")
+        return
+    middle = range(2, layers - 2)
+    gaps = [statistics.mean(chain[p + len(PARTS) * i].time_range.end - chain[p + len(PARTS) * i - 1].time_range.end
+                            for i in middle) for p in range(len(PARTS))]
+    print(f"{arm}: " + ", ".join(f"{n} {g:.2f}" for n, g in zip(PARTS, gaps)) + f" = {sum(gaps):.2f} us a layer")
+    if side:
+        qkv_ends = [chain[1 + len(PARTS) * i].time_range.end for i in range(layers)]
+        spans = [(k.time_range.start - min(qkv_ends, key=lambda e: abs(e - k.time_range.start)), k.time_range.elapsed_us())
+                 for k in side]
+        print(f"  {len(side)} prefetch kernels: start {statistics.mean(s for s, _ in spans):.2f} us after the nearest "
+              f"qkv GEMV's end, {statistics.mean(d for _, d in spans):.2f} us long")
+
+
+if __name__ == "__main__":
+    main()
