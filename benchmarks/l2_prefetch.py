@@ -7,7 +7,9 @@ weights early. This measures the same idea inside a CUDA graph: after a layer's 
 its attention), a second stream of the graph issues bulk L2 prefetches (Hopper's
 `cp.async.bulk.prefetch.L2`: one instruction per chunk, no registers or shared memory) of the
 weights the next GEMVs read (the o projection, the first MB of gate_up), and the GEMVs then find
-them in L2. The prefetch is only a hint: nothing waits on it but the graph's end.
+them in L2. The prefetch is only a hint: nothing waits on it but the graph's end. The kernel is
+the package's (ops/l2_prefetch.py); the compiler puts the same fork before every attention of a
+FULL graph (backends/l2_prefetch_pass.py), as decode.py's atom-full arm runs it.
 
 The chain is a decode layer of the package's own kernels, Llama-3.2-1B dimensions, bf16, 1k
 context, every layer its own weights and KV cache (so every byte comes from memory as in a
@@ -33,29 +35,11 @@ import statistics
 
 import torch
 import triton
-import triton.language as tl
 
 HIDDEN, INTER, HEADS, KV_HEADS, DIM, BLOCK, CONTEXT = 2048, 8192, 32, 8, 64, 16, 1024
 EPS = 1e-5
 DEFAULT_ARMS = ("base,qkv:o,qkv:o+gu8,qkv:o+gu16,qkv:o+gu24,qkv:gu16,attn:o+gu16,attn:gu16,"
                 "o:gu16,qkv:o+gu16+down8,base")
-
-
-@triton.jit
-def _l2_prefetch_kernel(base_ptr, nbytes, CHUNK: tl.constexpr, PER_PROGRAM: tl.constexpr):
-    # each lane one chunk; a lane past the end repeats the last 16 bytes (harmless)
-    idx = tl.program_id(0) * PER_PROGRAM + tl.arange(0, PER_PROGRAM)
-    first = tl.minimum(idx.to(tl.int64) * CHUNK, nbytes - 16)
-    size = (tl.minimum(nbytes - first, CHUNK).to(tl.int32) // 16) * 16
-    tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
-                              [base_ptr + first, size], dtype=tl.int32, is_pure=False, pack=1)
-
-
-def prefetch_l2(t: torch.Tensor, nbytes: int, chunk: int = 1 << 16, per_program: int = 32) -> None:
-    """Ask L2 for the first `nbytes` of contiguous `t` (a multiple of 16 bytes)."""
-    flat = t.view(-1).view(torch.uint8)[:nbytes]
-    programs = triton.cdiv(triton.cdiv(nbytes, chunk), per_program)
-    _l2_prefetch_kernel[(programs,)](flat, nbytes, CHUNK=chunk, PER_PROGRAM=per_program, num_warps=1)
 
 
 def parse_arm(arm: str) -> tuple[str, list[tuple[str, int]]]:
@@ -103,6 +87,7 @@ class Layers:
 
 
 def run_chain(lay: Layers, fork: str, items: list[tuple[str, int]], side: torch.cuda.Stream) -> torch.Tensor:
+    from atom_compile.ops import l2_prefetch
     from atom_compile.ops import triton_attention as ta
     from atom_compile.ops import triton_linear as tlin
     from atom_compile.ops import triton_rowwise as rw
@@ -116,7 +101,7 @@ def run_chain(lay: Layers, fork: str, items: list[tuple[str, int]], side: torch.
         with torch.cuda.stream(side):
             for name, nbytes in items:
                 t = lay.weight(name, i)
-                prefetch_l2(t, min(nbytes or t.numel() * 2, t.numel() * 2))
+                l2_prefetch.launch(t, min(nbytes or t.numel() * 2, t.numel() * 2))
 
     hidden, residual = lay.hidden, torch.zeros_like(lay.hidden)
     q_size, kv_size = HEADS * DIM, KV_HEADS * DIM

@@ -68,7 +68,9 @@ _side: dict[int, torch.cuda.Stream] = {}
 _pending: dict[int, tuple[int, torch.cuda.Stream]] = {}
 
 
-def _launch(weight: torch.Tensor, nbytes: int) -> None:
+def launch(weight: torch.Tensor, nbytes: int) -> None:
+    """The prefetch of the first `nbytes` of contiguous `weight` (16-byte multiples), on the
+    current stream, now (benchmarks/l2_prefetch.py times it; the op forks it)."""
     flat = weight.view(-1).view(torch.uint8)
     programs = -(-(-(-nbytes // CHUNK)) // PER_PROGRAM)
     _l2_prefetch_kernel[(programs,)](flat, nbytes, CHUNK=CHUNK, PER_PROGRAM=PER_PROGRAM, num_warps=1)
@@ -85,7 +87,7 @@ def _warm(weight: torch.Tensor, index: int) -> None:
     """Outside a capture: the side stream made and the kernel compiled, once per device."""
     if index in _side:
         return
-    _launch(weight, 16)
+    launch(weight, 16)
     _side[index] = torch.cuda.Stream(weight.device)
 
 
@@ -107,7 +109,7 @@ def l2_prefetch(weights: list[torch.Tensor], nbytes: list[int]) -> None:
     side.wait_stream(main)
     with torch.cuda.stream(side):
         for w, n in usable:
-            _launch(w, n)
+            launch(w, n)
     _pending[index] = (main.cuda_stream, side)
     compilation_counter.num_l2_prefetches_recorded += 1
 
