@@ -94,7 +94,8 @@ class CompilationConfig:
     # attention a second stream of the graph asks L2 for the first this-many MB of the weights
     # the next piece multiplies by (backends/l2_prefetch_pass.py): the memory works through the
     # attention's latency. None: half the GPU's L2; 0: off. Changes no compiled piece, but the
-    # stitching graph a warm start loads holds it: keyed when set.
+    # stitching graph a warm start loads holds the prefetches: keyed when set. (A warm start in
+    # another CUDA-graph mode loads them too: they fork in FULL captures only.)
     l2_prefetch_mb: Optional[int] = None
     # Reductions along a row of up to this many elements (an RMSNorm over the hidden size) run
     # as Inductor's persistent reductions, one read of the row, where Inductor stops at 1024
@@ -236,7 +237,7 @@ class CompilationConfig:
                 factors[name] = True
         if self.persistent_reduction_max:
             factors["persistent_reduction_max"] = self.persistent_reduction_max
-        if self.l2_prefetch_mb is not None:
+        if self.l2_prefetch_mb is not None:  # the stitching graph a warm start loads holds the prefetches
             factors["l2_prefetch_mb"] = self.l2_prefetch_mb
         return factors
 

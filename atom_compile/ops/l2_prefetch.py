@@ -22,6 +22,7 @@ from typing import Optional
 import torch
 
 from ..counters import compilation_counter
+from ..forward_context import get_forward_context
 from ..custom_ops import _library, direct_register_custom_op
 from .triton_present import triton_available
 
@@ -92,11 +93,12 @@ def _warm(weight: torch.Tensor, index: int) -> None:
 
 
 def l2_prefetch(weights: list[torch.Tensor], nbytes: list[int]) -> None:
-    """Inside a CUDA-graph capture: the first `nbytes[i]` of each weight asked of L2, on a
-    stream forked from the capture's. Elsewhere: nothing (the kernel compiled the first time)."""
+    """Inside a CUDA-graph capture (not a token graph's recording): the first `nbytes[i]` of
+    each weight asked of L2, on a stream forked from the capture's. Elsewhere: nothing (the
+    kernel compiled the first time)."""
     usable = [(w, n) for w, n in zip(weights, nbytes) if _prefetchable(w, n)]
-    if not usable or not available(usable[0][0].device):
-        return
+    if not usable or not available(usable[0][0].device) or get_forward_context().tr_graph == "record":
+        return  # a token graph's segment ends at the attention: a fork there would not be joined
     device = usable[0][0].device
     index = device.index if device.index is not None else torch.cuda.current_device()
     if not torch.cuda.is_current_stream_capturing():

@@ -136,3 +136,8 @@ def test_the_ops_are_no_ops_off_a_capture():
 def test_bad_budgets_are_refused(value):
     with pytest.raises(ConfigError, match="l2_prefetch_mb"):
         ac.CompilationConfig(l2_prefetch_mb=value)
+
+
+def test_a_budget_set_is_keyed():
+    keys = {str(ac.CompilationConfig(level=3, l2_prefetch_mb=mb).hash_factors()) for mb in (None, 0, 8, 16)}
+    assert len(keys) == 4
