@@ -92,13 +92,21 @@ def _warm(weight: torch.Tensor, index: int) -> None:
     _side[index] = torch.cuda.Stream(weight.device)
 
 
+def recording_token_graph() -> bool:
+    """Whether a token graph is being recorded: its segment ends at the attention, before the
+    join, so a fork there would fail the recording (runtime/graphs.py hands the recording its
+    own forward context with the recorder in it)."""
+    ctx = get_forward_context()
+    return ctx.region_recorder is not None or ctx.tr_graph == "record"
+
+
 def l2_prefetch(weights: list[torch.Tensor], nbytes: list[int]) -> None:
     """Inside a CUDA-graph capture (not a token graph's recording): the first `nbytes[i]` of
     each weight asked of L2, on a stream forked from the capture's. Elsewhere: nothing (the
     kernel compiled the first time)."""
     usable = [(w, n) for w, n in zip(weights, nbytes) if _prefetchable(w, n)]
-    if not usable or not available(usable[0][0].device) or get_forward_context().tr_graph == "record":
-        return  # a token graph's segment ends at the attention: a fork there would not be joined
+    if not usable or not available(usable[0][0].device) or recording_token_graph():
+        return
     device = usable[0][0].device
     index = device.index if device.index is not None else torch.cuda.current_device()
     if not torch.cuda.is_current_stream_capturing():

@@ -126,6 +126,20 @@ def test_cpu_compiles_keep_their_graphs():
     assert l2_prefetch_pass.budget_bytes(None, torch.device("cpu")) == 0
 
 
+def test_a_token_graphs_recording_is_seen():
+    """The op forks nothing while a token graph records (ops/l2_prefetch.py): the recording's
+    forward context carries its recorder, the capture loop's says "record"."""
+    from atom_compile.forward_context import ForwardContext, push_forward_context
+    from atom_compile.ops.l2_prefetch import recording_token_graph
+
+    assert not recording_token_graph()
+    for ctx in (ForwardContext(region_recorder=object()), ForwardContext(tr_graph="record")):
+        with push_forward_context(ctx):
+            assert recording_token_graph()
+    with push_forward_context(ForwardContext(tr_graph="replay")):
+        assert not recording_token_graph()
+
+
 def test_the_ops_are_no_ops_off_a_capture():
     w = torch.randn(64, 64)
     torch.ops.atom.l2_prefetch([w], [w.numel() * 4])
