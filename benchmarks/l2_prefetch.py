@@ -36,6 +36,9 @@ import statistics
 import torch
 import triton
 
+from attention_kernel import _timed
+from decode import copy_bandwidth
+
 HIDDEN, INTER, HEADS, KV_HEADS, DIM, BLOCK, CONTEXT = 2048, 8192, 32, 8, 64, 16, 1024
 EPS = 1e-5
 DEFAULT_ARMS = ("base,qkv:o,qkv:o+gu8,qkv:o+gu16,qkv:o+gu24,qkv:gu16,attn:o+gu16,attn:gu16,"
@@ -137,32 +140,6 @@ def record(lay: Layers, arm: str) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
     return graph, out
 
 
-def replay_us(graph: torch.cuda.CUDAGraph, n: int) -> float:
-    times = []
-    for _ in range(n):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
-
-
-def copy_tb_s() -> float:
-    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        b.copy_(a)
-    end.record()
-    end.synchronize()
-    return 2 * 10 * a.numel() / (start.elapsed_time(end) * 1e-3) / 1e12
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=16)
@@ -176,7 +153,7 @@ def main() -> None:
         parse_arm(arm)
     from atom_compile.ops import pdl
 
-    bw = copy_tb_s()
+    bw = copy_bandwidth() / 1e12
     lay = Layers(args.layers)
     layer_bytes = 2 * (lay.qkv[0].numel() + lay.o[0].numel() + lay.gu[0].numel() + lay.down[0].numel()
                        + lay.caches[0].numel())
@@ -199,7 +176,7 @@ def main() -> None:
     samples: dict[str, list[float]] = {arm: [] for arm in graphs}
     for _ in range(args.rounds):
         for arm in arms:
-            samples[arm].append(replay_us(graphs[arm][0], args.replays))
+            samples[arm].append(_timed(graphs[arm][0].replay, args.replays) * 1e3)
     base = statistics.median(samples[arms[0]])
     print("| arm | us per replay | us a layer | / floor | / first arm | 5-95% of rounds |")
     print("|---|---|---|---|---|---|")

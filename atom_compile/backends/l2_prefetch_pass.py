@@ -115,8 +115,9 @@ def insert(split_gm: fx.GraphModule, items: list[SplitItem], budget: int) -> int
             graph.call_function(torch.ops.atom.l2_prefetch.default,
                                 ([node for node, _ in taken], [nbytes for _, nbytes in taken]))
     output = next(n for n in graph.nodes if n.op == "output")
+    anchor = forks[0][1][0][0]  # any weight: the join only needs its device
     with graph.inserting_before(output):
-        graph.call_function(torch.ops.atom.l2_prefetch_join.default, (forks[0][1][0][0],))
+        graph.call_function(torch.ops.atom.l2_prefetch_join.default, (anchor,))
     split_gm.recompile()
     return len(forks)
 

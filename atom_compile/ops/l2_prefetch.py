@@ -24,6 +24,7 @@ import torch
 from ..counters import compilation_counter
 from ..forward_context import get_forward_context
 from ..custom_ops import _library, direct_register_custom_op
+from .triton_launch import cdiv
 from .triton_present import triton_available
 
 CHUNK = 1 << 16  # bytes per prefetch instruction
@@ -73,7 +74,7 @@ def launch(weight: torch.Tensor, nbytes: int) -> None:
     """The prefetch of the first `nbytes` of contiguous `weight` (16-byte multiples), on the
     current stream, now (benchmarks/l2_prefetch.py times it; the op forks it)."""
     flat = weight.view(-1).view(torch.uint8)
-    programs = -(-(-(-nbytes // CHUNK)) // PER_PROGRAM)
+    programs = cdiv(cdiv(nbytes, CHUNK), PER_PROGRAM)
     _l2_prefetch_kernel[(programs,)](flat, nbytes, CHUNK=CHUNK, PER_PROGRAM=PER_PROGRAM, num_warps=1)
 
 
