@@ -127,9 +127,9 @@ class CompilationConfig:
             if name == "glu_pass" and self.glu_pass is None:  # the default: follows small_m_linear_pass
                 continue
             setattr(self, name, _check_bool(f"CompilationConfig.{name}", getattr(self, name)))
-        for name, zero in (("persistent_reduction_max", "Inductor's choice"), ("l2_prefetch_mb", "off")):
-            if getattr(self, name) is not None:  # l2_prefetch_mb None: half the GPU's L2
-                _check_count(f"CompilationConfig.{name}", getattr(self, name), zero)
+        self.persistent_reduction_max = _check_count("CompilationConfig.persistent_reduction_max",
+                                                     self.persistent_reduction_max, "Inductor's choice")
+        _check_count("CompilationConfig.l2_prefetch_mb", self.l2_prefetch_mb, "off", none_means="half the GPU's L2")
         for name in ("prologue_pass", "glu_pass", "rope_pass"):
             if getattr(self, name) and not self.small_m_linear_pass:
                 raise ConfigError(f"CompilationConfig.{name}", True,

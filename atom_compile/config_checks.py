@@ -4,7 +4,7 @@ and what is allowed (config.py's dataclasses call these in __post_init__)."""
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 from .errors import ConfigError
 
@@ -41,10 +41,13 @@ def _check_size(field_name: str, value: Any, upper: int | None = None, upper_nam
     return value
 
 
-def _check_count(field_name: str, value: Any, zero_means: str) -> int:
-    """An int >= 0 (bools are refused), where 0 means `zero_means`."""
+def _check_count(field_name: str, value: Any, zero_means: str, none_means: Optional[str] = None) -> Optional[int]:
+    """An int >= 0 (bools are refused), where 0 means `zero_means`; None too where `none_means`."""
+    if value is None and none_means is not None:
+        return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(field_name, value, f"an int >= 0 (0: {zero_means})")
+        also = f" or None ({none_means})" if none_means is not None else ""
+        raise ConfigError(field_name, value, f"an int >= 0 (0: {zero_means}){also}")
     return value
 
 

@@ -87,8 +87,6 @@ def _prefetchable(weight: torch.Tensor, nbytes: int) -> bool:
 
 def _warm(weight: torch.Tensor, index: int) -> None:
     """Outside a capture: the side stream made and the kernel compiled, once per device."""
-    if index in _side:
-        return
     launch(weight, 16)
     _side[index] = torch.cuda.Stream(weight.device)
 
@@ -105,12 +103,17 @@ def l2_prefetch(weights: list[torch.Tensor], nbytes: list[int]) -> None:
     """Inside a CUDA-graph capture (not a token graph's recording): the first `nbytes[i]` of
     each weight asked of L2, on a stream forked from the capture's. Elsewhere: nothing (the
     kernel compiled the first time)."""
-    usable = [(w, n) for w, n in zip(weights, nbytes) if _prefetchable(w, n)]
-    if not usable or not available(usable[0][0].device) or recording_token_graph():
+    if not weights or not available(weights[0].device) or recording_token_graph():
         return
-    device = usable[0][0].device
+    device = weights[0].device
     index = device.index if device.index is not None else torch.cuda.current_device()
-    if not torch.cuda.is_current_stream_capturing():
+    capturing = torch.cuda.is_current_stream_capturing()
+    if not capturing and index in _side:  # an eager step (a prefill, say): nothing to do
+        return
+    usable = [(w, n) for w, n in zip(weights, nbytes) if _prefetchable(w, n)]
+    if not usable:
+        return
+    if not capturing:
         _warm(usable[0][0], index)
         return
     side = _side.get(index)
