@@ -81,6 +81,7 @@ class Layers:
         self.meta = builder.build([ref.SequenceStep([1], CONTEXT - 1, list(range(blocks)))])[2]
         self.caches = [torch.randn(2, blocks, BLOCK, KV_HEADS, DIM, device=dev, dtype=bf) for _ in range(layers)]
         self.hidden = torch.randn(1, HIDDEN, device=dev, dtype=bf)
+        self.residual = torch.zeros_like(self.hidden)  # made here: a fill in the chain would be a kernel more
         self.out = torch.empty(1, HEADS, DIM, device=dev, dtype=bf)
 
     def weight(self, name: str, i: int) -> torch.Tensor:
@@ -106,7 +107,7 @@ def run_chain(lay: Layers, fork: str, items: list[tuple[str, int]], side: torch.
                 t = lay.weight(name, i)
                 l2_prefetch.launch(t, min(nbytes or t.numel() * 2, t.numel() * 2))
 
-    hidden, residual = lay.hidden, torch.zeros_like(lay.hidden)
+    hidden, residual = lay.hidden, lay.residual
     q_size, kv_size = HEADS * DIM, KV_HEADS * DIM
     for i in range(len(lay.qkv)):
         h, residual = rw.add_rms_norm(hidden, residual, lay.norm, EPS)
