@@ -22,7 +22,8 @@ interleaved over --rounds rounds and each arm's us per replay is the median.
 
 An arm is `base` or `FORK:W+W...`: FORK is where the prefetch starts (after `qkv`, `attn` or
 `o`), each W a weight (`o`, `gu`, `down`, `next_qkv`; `kv`: the layer's KV cache) with an
-optional size in MB (its first bytes; the whole weight without one). --profile ARM,... prints,
+optional size in MB (its first bytes; the whole weight without one), and an optional `/P`:
+P 64 KB chunks a program (a power of two; 32 without, the compiler's). --profile ARM,... prints,
 for those arms, where one replay's layer goes: each kernel's end after the one before's, the
 mean over the middle layers (torch's profiler), and the prefetch kernels' span.
 """
@@ -36,6 +37,7 @@ import statistics
 import torch
 import triton
 
+from atom_compile.ops import l2_prefetch
 from attention_kernel import _timed
 from decode import copy_bandwidth
 
@@ -45,10 +47,13 @@ DEFAULT_ARMS = ("base,qkv:o,qkv:o+gu8,qkv:o+gu16,qkv:o+gu24,qkv:gu16,attn:o+gu16
                 "o:gu16,qkv:o+gu16+down8,base")
 
 
-def parse_arm(arm: str) -> tuple[str, list[tuple[str, int]]]:
-    """`qkv:o+gu16` -> ("qkv", [("o", 0), ("gu", 16 MB)]); size 0: the whole weight."""
+def parse_arm(arm: str) -> tuple[str, list[tuple[str, int]], int]:
+    """`qkv:o+gu16/8` -> ("qkv", [("o", 0), ("gu", 16 MB)], 8); size 0: the whole weight."""
     if arm == "base":
-        return "", []
+        return "", [], 0
+    arm, _, per = arm.partition("/")
+    if per and (not per.isdigit() or int(per) & (int(per) - 1) or int(per) == 0):
+        raise SystemExit(f"bad chunks per program {per!r} in {arm!r}: a power of two")
     fork, _, items = arm.partition(":")
     if fork not in ("qkv", "attn", "o") or not items:
         raise SystemExit(f"bad arm {arm!r}: want FORK:W+W with FORK qkv, attn or o")
@@ -58,7 +63,7 @@ def parse_arm(arm: str) -> tuple[str, list[tuple[str, int]]]:
         if not m:
             raise SystemExit(f"bad weight {item!r} in {arm!r}: o, gu, down, next_qkv or kv, then MB")
         out.append((m.group(1), int(m.group(2) or 0) << 20))
-    return fork, out
+    return fork, out, int(per or l2_prefetch.PER_PROGRAM)
 
 
 class Layers:
@@ -90,8 +95,8 @@ class Layers:
         return {"o": self.o, "gu": self.gu, "down": self.down, "kv": self.caches}[name][i]
 
 
-def run_chain(lay: Layers, fork: str, items: list[tuple[str, int]], side: torch.cuda.Stream) -> torch.Tensor:
-    from atom_compile.ops import l2_prefetch
+def run_chain(lay: Layers, fork: str, items: list[tuple[str, int]], per_program: int,
+              side: torch.cuda.Stream) -> torch.Tensor:
     from atom_compile.ops import triton_attention as ta
     from atom_compile.ops import triton_linear as tlin
     from atom_compile.ops import triton_rowwise as rw
@@ -105,7 +110,7 @@ def run_chain(lay: Layers, fork: str, items: list[tuple[str, int]], side: torch.
         with torch.cuda.stream(side):
             for name, nbytes in items:
                 t = lay.weight(name, i)
-                l2_prefetch.launch(t, min(nbytes or t.numel() * 2, t.numel() * 2))
+                l2_prefetch.launch(t, min(nbytes or t.numel() * 2, t.numel() * 2), per_program)
 
     hidden, residual = lay.hidden, lay.residual
     q_size, kv_size = HEADS * DIM, KV_HEADS * DIM
@@ -130,13 +135,13 @@ def run_chain(lay: Layers, fork: str, items: list[tuple[str, int]], side: torch.
 
 
 def record(lay: Layers, arm: str) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-    fork, items = parse_arm(arm)
+    fork, items, per_program = parse_arm(arm)
     side = torch.cuda.Stream()
-    run_chain(lay, fork, items, side)  # compiles and tunes outside the capture
+    run_chain(lay, fork, items, per_program, side)  # compiles and tunes outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = run_chain(lay, fork, items, side)
+        out = run_chain(lay, fork, items, per_program, side)
     torch.cuda.synchronize()
     return graph, out
 

@@ -70,12 +70,13 @@ _side: dict[int, torch.cuda.Stream] = {}
 _pending: dict[int, tuple[int, torch.cuda.Stream]] = {}
 
 
-def launch(weight: torch.Tensor, nbytes: int) -> None:
+def launch(weight: torch.Tensor, nbytes: int, per_program: int = PER_PROGRAM) -> None:
     """The prefetch of the first `nbytes` of contiguous `weight` (16-byte multiples), on the
-    current stream, now (benchmarks/l2_prefetch.py times it; the op forks it)."""
+    current stream, now, `per_program` chunks a program (a power of two; benchmarks/l2_prefetch.py
+    times it; the op forks it with the default)."""
     flat = weight.view(-1).view(torch.uint8)
-    programs = cdiv(cdiv(nbytes, CHUNK), PER_PROGRAM)
-    _l2_prefetch_kernel[(programs,)](flat, nbytes, CHUNK=CHUNK, PER_PROGRAM=PER_PROGRAM, num_warps=1)
+    programs = cdiv(cdiv(nbytes, CHUNK), per_program)
+    _l2_prefetch_kernel[(programs,)](flat, nbytes, CHUNK=CHUNK, PER_PROGRAM=per_program, num_warps=1)
 
 
 def _prefetchable(weight: torch.Tensor, nbytes: int) -> bool:
