@@ -202,6 +202,11 @@ def atom_arm(name: str, batches: list[int]) -> tuple[dict, contextlib.ExitStack]
     l2pf = re.search(r"-l2pf(\d+)", name)
     if l2pf:  # -l2pfN: the prefetch's budget, N MB (the default: half the GPU's L2)
         cc["l2_prefetch_mb"] = int(l2pf.group(1))
+    l2pp = re.search(r"-l2pp(\d+)", name)
+    if l2pp:  # -l2ppN: N 64 KB chunks a prefetch program (a power of two; ops/l2_prefetch.PER_PROGRAM)
+        from atom_compile.ops import l2_prefetch
+
+        patches.enter_context(mock.patch.object(l2_prefetch, "PER_PROGRAM", int(l2pp.group(1))))
     attn = re.search(r"-attn(\d+)x(\d+)x(\d+)", name)
     if attn:  # -attnPxBxW: the decode attention's tuning at every batch (programs per SM, keys per step, warps)
         patches.enter_context(_attention_tuning(tuple(int(g) for g in attn.groups())))

@@ -70,11 +70,12 @@ _side: dict[int, torch.cuda.Stream] = {}
 _pending: dict[int, tuple[int, torch.cuda.Stream]] = {}
 
 
-def launch(weight: torch.Tensor, nbytes: int, per_program: int = PER_PROGRAM) -> None:
+def launch(weight: torch.Tensor, nbytes: int, per_program: Optional[int] = None) -> None:
     """The prefetch of the first `nbytes` of contiguous `weight` (16-byte multiples), on the
-    current stream, now, `per_program` chunks a program (a power of two; benchmarks/l2_prefetch.py
-    times it; the op forks it with the default)."""
+    current stream, now, `per_program` chunks a program (a power of two; PER_PROGRAM, read at
+    the call, without one; benchmarks/l2_prefetch.py times it; the op forks it)."""
     flat = weight.view(-1).view(torch.uint8)
+    per_program = per_program or PER_PROGRAM
     programs = cdiv(cdiv(nbytes, CHUNK), per_program)
     _l2_prefetch_kernel[(programs,)](flat, nbytes, CHUNK=CHUNK, PER_PROGRAM=per_program, num_warps=1)
 
