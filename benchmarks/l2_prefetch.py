@@ -23,7 +23,9 @@ interleaved over --rounds rounds and each arm's us per replay is the median.
 An arm is `base` or `FORK:W+W...`: FORK is where the prefetch starts (after `qkv`, `attn` or
 `o`), each W a weight (`o`, `gu`, `down`, `next_qkv`; `kv`: the layer's KV cache) with an
 optional size in MB (its first bytes; the whole weight without one), and an optional `/P`:
-P 64 KB chunks a program (a power of two; 32 without, the compiler's). --profile ARM,... prints,
+P 64 KB bulk prefetches a program (a power of two; 32 without, the compiler's), or `/lK`: a
+kernel of this script's own instead, each thread asking L2 for one 128-byte line
+(`prefetch.global.L2::evict_last`), K KB a program of 4 warps (a power of two, 16 or more). --profile ARM,... prints,
 for those arms, where one replay's layer goes: each kernel's end after the one before's, the
 mean over the middle layers (torch's profiler), and the prefetch kernels' span.
 """
@@ -36,6 +38,7 @@ import statistics
 
 import torch
 import triton
+import triton.language as tl
 
 from atom_compile.ops import l2_prefetch
 from attention_kernel import _timed
@@ -47,13 +50,16 @@ DEFAULT_ARMS = ("base,qkv:o,qkv:o+gu8,qkv:o+gu16,qkv:o+gu24,qkv:gu16,attn:o+gu16
                 "o:gu16,qkv:o+gu16+down8,base")
 
 
-def parse_arm(arm: str) -> tuple[str, list[tuple[str, int]], int]:
-    """`qkv:o+gu16/8` -> ("qkv", [("o", 0), ("gu", 16 MB)], 8); size 0: the whole weight."""
+def parse_arm(arm: str) -> tuple[str, list[tuple[str, int]], tuple[str, int]]:
+    """`qkv:o+gu16/8` -> ("qkv", [("o", 0), ("gu", 16 MB)], ("bulk", 8)); size 0: the whole
+    weight; `/l16` -> ("line", 16)."""
     if arm == "base":
-        return "", [], 0
-    arm, _, per = arm.partition("/")
-    if per and (not per.isdigit() or int(per) & (int(per) - 1) or int(per) == 0):
-        raise SystemExit(f"bad chunks per program {per!r} in {arm!r}: a power of two")
+        return "", [], ("bulk", 0)
+    arm, _, suffix = arm.partition("/")
+    kind, per = ("line", suffix[1:]) if suffix.startswith("l") else ("bulk", suffix)
+    n = int(per) if per.isdigit() else 0
+    if per and (n <= 0 or n & (n - 1) or (kind == "line" and n < 16)):
+        raise SystemExit(f"bad /{suffix} in {arm!r}: a power of two (l: 16 or more)")
     fork, _, items = arm.partition(":")
     if fork not in ("qkv", "attn", "o") or not items:
         raise SystemExit(f"bad arm {arm!r}: want FORK:W+W with FORK qkv, attn or o")
@@ -63,7 +69,7 @@ def parse_arm(arm: str) -> tuple[str, list[tuple[str, int]], int]:
         if not m:
             raise SystemExit(f"bad weight {item!r} in {arm!r}: o, gu, down, next_qkv or kv, then MB")
         out.append((m.group(1), int(m.group(2) or 0) << 20))
-    return fork, out, int(per or l2_prefetch.PER_PROGRAM)
+    return fork, out, (kind, n or l2_prefetch.PER_PROGRAM)
 
 
 class Layers:
@@ -95,7 +101,25 @@ class Layers:
         return {"o": self.o, "gu": self.gu, "down": self.down, "kv": self.caches}[name][i]
 
 
-def run_chain(lay: Layers, fork: str, items: list[tuple[str, int]], per_program: int,
+@triton.jit
+def _line_prefetch_kernel(base_ptr, nbytes, BYTES: tl.constexpr):
+    # a thread a 128-byte line; one past the end asks again for the last line (harmless)
+    first = tl.minimum(tl.program_id(0).to(tl.int64) * BYTES + tl.arange(0, BYTES // 128) * 128, nbytes - 128)
+    tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;", "=r,l",
+                              [base_ptr + first], dtype=tl.int32, is_pure=False, pack=1)
+
+
+def prefetch(weight: torch.Tensor, nbytes: int, how: tuple[str, int]) -> None:
+    kind, n = how
+    if kind == "bulk":
+        l2_prefetch.launch(weight, nbytes, n)
+        return
+    size = n << 10
+    _line_prefetch_kernel[(triton.cdiv(nbytes, size),)](weight.view(-1).view(torch.uint8), nbytes, BYTES=size,
+                                                       num_warps=4)
+
+
+def run_chain(lay: Layers, fork: str, items: list[tuple[str, int]], how: tuple[str, int],
               side: torch.cuda.Stream) -> torch.Tensor:
     from atom_compile.ops import triton_attention as ta
     from atom_compile.ops import triton_linear as tlin
@@ -110,7 +134,7 @@ def run_chain(lay: Layers, fork: str, items: list[tuple[str, int]], per_program:
         with torch.cuda.stream(side):
             for name, nbytes in items:
                 t = lay.weight(name, i)
-                l2_prefetch.launch(t, min(nbytes or t.numel() * 2, t.numel() * 2), per_program)
+                prefetch(t, min(nbytes or t.numel() * 2, t.numel() * 2), how)
 
     hidden, residual = lay.hidden, lay.residual
     q_size, kv_size = HEADS * DIM, KV_HEADS * DIM
@@ -135,13 +159,13 @@ def run_chain(lay: Layers, fork: str, items: list[tuple[str, int]], per_program:
 
 
 def record(lay: Layers, arm: str) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-    fork, items, per_program = parse_arm(arm)
+    fork, items, how = parse_arm(arm)
     side = torch.cuda.Stream()
-    run_chain(lay, fork, items, per_program, side)  # compiles and tunes outside the capture
+    run_chain(lay, fork, items, how, side)  # compiles and tunes outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = run_chain(lay, fork, items, per_program, side)
+        out = run_chain(lay, fork, items, how, side)
     torch.cuda.synchronize()
     return graph, out
 
