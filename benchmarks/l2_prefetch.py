@@ -25,8 +25,8 @@ An arm is `base` or `FORK:W+W...`: FORK is where the prefetch starts (after `qkv
 optional size in MB (its first bytes; the whole weight without one), and an optional `/P`:
 P 64 KB bulk prefetches a program (a power of two; 32 without, the compiler's), or `/lK`: a
 kernel of this script's own instead, each thread asking L2 for one 128-byte line
-(`prefetch.global.L2::evict_last`), K KB a program of 4 warps (a power of two, 16 or more). --profile ARM,... prints,
-for those arms, where one replay's layer goes: each kernel's end after the one before's, the
+(`prefetch.global.L2::evict_last`), K KB a program of 4 warps (a power of two, 16 or more).
+--profile ARM,... prints, for those arms, where one replay's layer goes: each kernel's end after the one before's, the
 mean over the middle layers (torch's profiler), and the prefetch kernels' span.
 """
 

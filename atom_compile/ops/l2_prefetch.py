@@ -90,7 +90,8 @@ def _prefetchable(weight: torch.Tensor, nbytes: int) -> bool:
 
 
 def _warm(weight: torch.Tensor, index: int) -> None:
-    """Outside a capture: the side stream made and the kernel compiled, once per device."""
+    """Outside a capture: the side stream made (once per device) and the kernel compiled
+    (once per device and PER_PROGRAM)."""
     launch(weight, 16)
     _warmed.add((index, PER_PROGRAM))
     if index not in _side:
