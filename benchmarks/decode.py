@@ -206,7 +206,10 @@ def atom_arm(name: str, batches: list[int]) -> tuple[dict, contextlib.ExitStack]
     if l2pp:  # -l2ppN: N 64 KB chunks a prefetch program (a power of two; ops/l2_prefetch.PER_PROGRAM)
         from atom_compile.ops import l2_prefetch
 
-        patches.enter_context(mock.patch.object(l2_prefetch, "PER_PROGRAM", int(l2pp.group(1))))
+        per = int(l2pp.group(1))
+        if per <= 0 or per & (per - 1):  # the kernel's lanes are a tl.arange
+            raise SystemExit(f"{name}: -l2pp wants a power of two, got {per}")
+        patches.enter_context(mock.patch.object(l2_prefetch, "PER_PROGRAM", per))
     attn = re.search(r"-attn(\d+)x(\d+)x(\d+)", name)
     if attn:  # -attnPxBxW: the decode attention's tuning at every batch (programs per SM, keys per step, warps)
         patches.enter_context(_attention_tuning(tuple(int(g) for g in attn.groups())))
