@@ -124,8 +124,12 @@ class RemoteTier:
         thread.join(self.timeout)
         if "value" in box or ("error" not in box and not thread.is_alive()):
             return box.get("value")
-        reason = f"no answer within {self.timeout:g} s" if thread.is_alive() else \
-            f"{type(box['error']).__name__}: {str(box['error'])[:200]}"
+        error = box.get("error")
+        # A client's own timeout (socket, redis) is the same hang as the watchdog's.
+        if thread.is_alive() or isinstance(error, TimeoutError) or type(error).__name__ == "TimeoutError":
+            reason = f"no answer within {self.timeout:g} s"
+        else:
+            reason = f"{type(error).__name__}: {str(error)[:200]}"
         self.down = True
         warn_once(f"remote-down:{self.store.url}", "atom-compile: the remote cache %s failed while %s (%s); "
                   "continuing with the local cache only in this process.", self.store.url, what, reason)

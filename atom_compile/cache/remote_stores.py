@@ -48,8 +48,11 @@ class RedisStore:
             raise StoreError(f"remote cache {url!r} needs the `redis` package "
                              "(pip install 'atom-compile[remote]')") from None
         self.url = url
+        # The tier's watchdog owns the timeout; the client's own, a second later, only frees the
+        # abandoned thread. Equal timeouts would race and name the same hang two ways.
+        backstop = timeout + 1.0
         try:
-            self._client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
+            self._client = redis.Redis.from_url(url, socket_timeout=backstop, socket_connect_timeout=backstop,
                                                 retry=Retry(NoBackoff(), 0), retry_on_timeout=False)
         except ValueError as exc:
             raise StoreError(f"remote cache {url!r}: {exc}") from None
