@@ -33,6 +33,11 @@ __all__ = [
 DEFAULT_SPLITTING_OPS = ("aiter.unified_attention_with_output", "aiter.mla_attention")
 COMPILERS = ("auto", "inductor_standalone", "inductor", "eager")
 
+_BOOL_FIELDS = ("use_cudagraph", "cudagraph_copy_inputs", "use_inductor", "require_cache",
+                "use_inductor_graph_partition", "trace_layers_once", "residual_add_pass", "small_m_linear_pass",
+                "prologue_pass", "epilogue_pass", "glu_pass", "rope_pass", "rope_attention_pass")
+
+
 @dataclass
 class CompilationConfig:
     """What the compiler half needs: level, splitting ops, sizes, compiler and cache choices.
@@ -72,6 +77,11 @@ class CompilationConfig:
     # residual add before it) or a SiLU-and-mul into the small-M projection that reads it: one
     # launch at one token. Off until measured on a GPU; needs small_m_linear_pass. Keyed when on.
     prologue_pass: bool = False
+    # The built-in post-grad pass (backends/epilogue_pass.py) that puts the residual add + RMSNorm
+    # after a projection (a layer's o and down) into it: at one token the GEMV's last program
+    # adds and normalises, no norm kernel. Off until measured on a GPU (benchmarks/decode_ab.py
+    # -epinorm); needs small_m_linear_pass. Keyed when on.
+    epilogue_pass: bool = False
     # The built-in post-grad pass (backends/glu_pass.py) that puts a gated MLP's activation-and-
     # mul (SwiGLU, GeGLU) into the epilogue of its gate and up projections: one launch at one
     # token, no activation kernel. None (the default): on wherever small_m_linear_pass is (on an
@@ -121,16 +131,14 @@ class CompilationConfig:
 
     def __post_init__(self) -> None:
         self.level = CompilationLevel.parse(self.level, "CompilationConfig.level")
-        for name in ("use_cudagraph", "cudagraph_copy_inputs", "use_inductor", "require_cache",
-                     "use_inductor_graph_partition", "trace_layers_once", "residual_add_pass",
-                     "small_m_linear_pass", "prologue_pass", "glu_pass", "rope_pass", "rope_attention_pass"):
+        for name in _BOOL_FIELDS:
             if name == "glu_pass" and self.glu_pass is None:  # the default: follows small_m_linear_pass
                 continue
             setattr(self, name, _check_bool(f"CompilationConfig.{name}", getattr(self, name)))
         self.persistent_reduction_max = _check_count("CompilationConfig.persistent_reduction_max",
                                                      self.persistent_reduction_max, "Inductor's choice")
         _check_count("CompilationConfig.l2_prefetch_mb", self.l2_prefetch_mb, "off", none_means="half the GPU's L2")
-        for name in ("prologue_pass", "glu_pass", "rope_pass"):
+        for name in ("prologue_pass", "epilogue_pass", "glu_pass", "rope_pass"):
             if getattr(self, name) and not self.small_m_linear_pass:
                 raise ConfigError(f"CompilationConfig.{name}", True,
                                   "True only with small_m_linear_pass (it fuses into that pass's calls)")
@@ -231,7 +239,8 @@ class CompilationConfig:
         for name in ("residual_add_pass", "small_m_linear_pass"):  # keyed when off (on is the default)
             if not getattr(self, name):
                 factors[name] = False
-        for name, on in (("prologue_pass", self.prologue_pass), ("glu_pass", self.glu_fused()),
+        for name, on in (("prologue_pass", self.prologue_pass), ("epilogue_pass", self.epilogue_pass),
+                         ("glu_pass", self.glu_fused()),
                          ("rope_pass", self.rope_pass), ("rope_attention_pass", self.rope_attention_pass)):  # keyed when on
             if on:
                 factors[name] = True

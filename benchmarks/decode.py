@@ -3,7 +3,8 @@
 Arms, in one run: eager; torch.compile; torch.compile(mode="reduce-overhead") and
 mode="max-autotune" of the same model; atom-compile level 3 with cudagraph_mode NONE, FULL and
 TR_HYBRID, each also as `-sizes` (compile_sizes = the batches <= 8: per-size pieces) and as
-`-fused` (prologue_pass: each RMSNorm in the prologue of the projection after it) and as
+`-fused` (prologue_pass: each RMSNorm in the prologue of the projection after it) or `-epinorm`
+(epilogue_pass: the add + RMSNorm after the o and down projections in their GEMVs) and as
 `-glu` / `-noglu` (glu_pass: each MLP's SiLU-and-mul in the epilogue of its gate_up GEMV; on by
 default since 2026-12-06) and as
 `-rope` (rope_pass: the query's and key's RoPE in the epilogue of their qkv GEMV) or `-ropeattn`
@@ -161,6 +162,8 @@ def atom_arm(name: str, batches: list[int]) -> tuple[dict, contextlib.ExitStack]
         cc["compile_sizes"] = [b for b in batches if b <= 8]  # decode's few-token sizes
     if "-fused" in name:
         cc["prologue_pass"] = True  # the norms into the projections' prologues
+    if "-epinorm" in name:
+        cc["epilogue_pass"] = True  # the add + RMSNorm after the o and down projections into their GEMVs
     if "-glu" in name:
         cc["glu_pass"] = True  # SiLU-and-mul into the gate_up GEMV's epilogue (the default since 2026-12-06)
     if "-noglu" in name:

@@ -26,6 +26,9 @@ optional size in MB (its first bytes; the whole weight without one), and an opti
 P 64 KB bulk prefetches a program (a power of two; 32 without, the compiler's), or `/lK`: a
 kernel of this script's own instead, each thread asking L2 for one 128-byte line
 (`prefetch.global.L2::evict_last`), K KB a program of 4 warps (a power of two, 16 or more).
+An arm prefixed `e.` (`e.base`, `e.qkv:o+gu16`) runs the o and down GEMVs with the add +
+RMSNorm as their epilogue (ops/triton_linear.linear_add_rms_norm: the program that finishes
+last adds and normalises), five kernels a layer where the others run seven.
 --profile ARM,... prints, for those arms, where one replay's layer goes: each kernel's end after the one before's, the
 mean over the middle layers (torch's profiler), and the prefetch kernels' span.
 """
@@ -94,6 +97,7 @@ class Layers:
         self.hidden = torch.randn(1, HIDDEN, device=dev, dtype=bf)
         self.residual = torch.zeros_like(self.hidden)  # made here: a fill in the chain would be a kernel more
         self.out = torch.empty(1, HEADS, DIM, device=dev, dtype=bf)
+        self.counter = torch.zeros(1, device=dev, dtype=torch.int32)  # the epilogue's, zero between GEMVs
 
     def weight(self, name: str, i: int) -> torch.Tensor:
         if name == "next_qkv":
@@ -119,8 +123,13 @@ def prefetch(weight: torch.Tensor, nbytes: int, how: tuple[str, int]) -> None:
                                                        num_warps=4)
 
 
+def split_epi(arm: str) -> tuple[bool, str]:
+    """`e.ARM` -> (True, ARM): the norms as the GEMVs' epilogues."""
+    return (True, arm[2:]) if arm.startswith("e.") else (False, arm)
+
+
 def run_chain(lay: Layers, fork: str, items: list[tuple[str, int]], how: tuple[str, int],
-              side: torch.cuda.Stream) -> torch.Tensor:
+              side: torch.cuda.Stream, epi: bool = False) -> torch.Tensor:
     from atom_compile.ops import triton_attention as ta
     from atom_compile.ops import triton_linear as tlin
     from atom_compile.ops import triton_rowwise as rw
@@ -138,8 +147,10 @@ def run_chain(lay: Layers, fork: str, items: list[tuple[str, int]], how: tuple[s
 
     hidden, residual = lay.hidden, lay.residual
     q_size, kv_size = HEADS * DIM, KV_HEADS * DIM
-    for i in range(len(lay.qkv)):
-        h, residual = rw.add_rms_norm(hidden, residual, lay.norm, EPS)
+    layers = len(lay.qkv)
+    for i in range(layers):
+        if i == 0 or not epi:  # with epi, the down GEMV before normalised this layer's input
+            h, residual = rw.add_rms_norm(hidden, residual, lay.norm, EPS)
         qkv = tlin.small_m_linear(h, lay.qkv[i])
         maybe_prefetch("qkv", i)
         q = qkv[:, :q_size].view(1, HEADS, DIM)
@@ -148,24 +159,34 @@ def run_chain(lay: Layers, fork: str, items: list[tuple[str, int]], how: tuple[s
         cache = lay.caches[i]
         ta.triton_paged_attention(q, cache[0], cache[1], lay.out, lay.meta, DIM ** -0.5, new_kv=(k, v))
         maybe_prefetch("attn", i)
-        o = tlin.small_m_linear(lay.out.view(1, q_size), lay.o[i])
-        maybe_prefetch("o", i)
-        h, residual = rw.add_rms_norm(o, residual, lay.norm, EPS)
+        if epi:
+            h, residual = tlin.linear_add_rms_norm(lay.out.view(1, q_size), lay.o[i], residual, lay.norm, EPS,
+                                                   lay.counter)
+            maybe_prefetch("o", i)
+        else:
+            o = tlin.small_m_linear(lay.out.view(1, q_size), lay.o[i])
+            maybe_prefetch("o", i)
+            h, residual = rw.add_rms_norm(o, residual, lay.norm, EPS)
         gu = tlin.small_m_linear(h, lay.gu[i])
-        hidden = tlin.silu_mul_linear(gu[:, :INTER], gu[:, INTER:], lay.down[i])
+        if epi and i < layers - 1:  # the last layer's output is the down GEMV's, as without
+            h, residual = tlin.linear_add_rms_norm(gu[:, :INTER], lay.down[i], residual, lay.norm, EPS,
+                                                   lay.counter, up=gu[:, INTER:])
+        else:
+            hidden = tlin.silu_mul_linear(gu[:, :INTER], gu[:, INTER:], lay.down[i])
     if fork:
         main.wait_stream(side)  # a capture must join every stream it forked
     return hidden
 
 
 def record(lay: Layers, arm: str) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-    fork, items, how = parse_arm(arm)
+    epi, rest = split_epi(arm)
+    fork, items, how = parse_arm(rest)
     side = torch.cuda.Stream()
-    run_chain(lay, fork, items, how, side)  # compiles and tunes outside the capture
+    run_chain(lay, fork, items, how, side, epi)  # compiles and tunes outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = run_chain(lay, fork, items, how, side)
+        out = run_chain(lay, fork, items, how, side, epi)
     torch.cuda.synchronize()
     return graph, out
 
@@ -180,7 +201,7 @@ def main() -> None:
     args = ap.parse_args()
     arms = args.arms.split(",")
     for arm in arms:
-        parse_arm(arm)
+        parse_arm(split_epi(arm)[1])
     from atom_compile.ops import pdl
 
     bw = copy_bandwidth() / 1e12
@@ -221,12 +242,14 @@ def main() -> None:
 
 
 PARTS = ("norm", "qkv", "attention", "o", "norm", "gate_up", "down")
+EPI_PARTS = ("qkv", "attention", "o+norm", "gate_up", "down+norm")  # after one norm before the first layer
 
 
 def profile_layer(arm: str, graph: torch.cuda.CUDAGraph, layers: int) -> None:
     """Mean us from each kernel's end to the next one's over the middle layers of one replay."""
     from torch.profiler import ProfilerActivity, profile
 
+    parts, lead = (EPI_PARTS, 1) if split_epi(arm)[0] else (PARTS, 0)
     graph.replay()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -236,15 +259,18 @@ def profile_layer(arm: str, graph: torch.cuda.CUDAGraph, layers: int) -> None:
                      key=lambda e: e.time_range.start)
     chain = [k for k in kernels if "prefetch" not in k.name]
     side = [k for k in kernels if "prefetch" in k.name]
-    if len(chain) != len(PARTS) * layers:
-        print(f"{arm}: {len(chain)} chain kernels, not {len(PARTS) * layers}; not profiled")
+    if len(chain) != lead + len(parts) * layers:
+        print(f"{arm}: {len(chain)} chain kernels, not {lead + len(parts) * layers}; not profiled")
         return
+
+    def end(part: int, layer: int) -> float:
+        return chain[lead + part + len(parts) * layer].time_range.end
+
     middle = range(2, layers - 2)
-    gaps = [statistics.mean(chain[p + len(PARTS) * i].time_range.end - chain[p + len(PARTS) * i - 1].time_range.end
-                            for i in middle) for p in range(len(PARTS))]
-    print(f"{arm}: " + ", ".join(f"{n} {g:.2f}" for n, g in zip(PARTS, gaps)) + f" = {sum(gaps):.2f} us a layer")
+    gaps = [statistics.mean(end(p, i) - end(p - 1, i) for i in middle) for p in range(len(parts))]
+    print(f"{arm}: " + ", ".join(f"{n} {g:.2f}" for n, g in zip(parts, gaps)) + f" = {sum(gaps):.2f} us a layer")
     if side:
-        qkv_ends = [chain[1 + len(PARTS) * i].time_range.end for i in range(layers)]
+        qkv_ends = [end(parts.index("qkv"), i) for i in range(layers)]
         spans = [(k.time_range.start - min(qkv_ends, key=lambda e: abs(e - k.time_range.start)), k.time_range.elapsed_us())
                  for k in side]
         print(f"  {len(side)} prefetch kernels: start {statistics.mean(s for s, _ in spans):.2f} us after the nearest "

@@ -18,11 +18,12 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from ..config import DEFAULT_SPLITTING_OPS, CompilationConfig
 # the ops the built-in passes put into pieces, registered before any saved piece that calls
 # them is loaded (a warm start of a model that imports neither)
-from ..ops import glu_linear, linear, prologue_linear, rope_linear  # noqa: F401
+from ..ops import epilogue_linear, glu_linear, linear, prologue_linear, rope_linear  # noqa: F401
 from ..passes import pass_factors, resolve_pass
 from . import graph_partition
 from .reductions import ROW_LIMIT_KEY
 from .residual_add import ResidualAddPass
+from .epilogue_pass import EpiloguePass
 from .glu_pass import GluPass
 from .prologue_pass import ProloguePass
 from .rope_pass import RopePass
@@ -88,7 +89,7 @@ def compiler_config(cc: CompilationConfig) -> dict[str, Any]:
     passes = ([ResidualAddPass()] if cc.residual_add_pass else []) \
         + ([SmallMLinearPass()] if cc.small_m_linear_pass else []) \
         + ([GluPass()] if cc.glu_fused() else []) + ([RopePass()] if cc.rope_pass else []) \
-        + ([ProloguePass()] if cc.prologue_pass else []) \
+        + ([EpiloguePass()] if cc.epilogue_pass else []) + ([ProloguePass()] if cc.prologue_pass else []) \
         + list(cc.inductor_passes)
     if passes:
         out[POST_PASS_KEY] = PostGradPasses(passes)

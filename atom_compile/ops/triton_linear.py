@@ -72,10 +72,10 @@ def _accumulate(acc, x, w, USE_DOT: tl.constexpr, IEEE: tl.constexpr):
 @triton.jit
 def _small_m_linear_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-    r_ptr, h_ptr, nw_ptr, stride_rm, eps,
+    r_ptr, h_ptr, nw_ptr, stride_rm, eps, n_ptr, cnt_ptr, er_ptr,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_DOT: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, NORM: tl.constexpr, ADD: tl.constexpr,
-    SILU_MUL: tl.constexpr, PREFETCH: tl.constexpr,
+    SILU_MUL: tl.constexpr, PREFETCH: tl.constexpr, EPI_NORM: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
     # One token (BLOCK_M 1): a plain GEMV, weight row by x, reduced along K in float32.
     # More tokens: tensor-core dots with the rows padded to BLOCK_M = 16 (reading the weight
@@ -87,6 +87,8 @@ def _small_m_linear_kernel(
     # the sum to h (the residual stream the model reads next).
     # SILU_MUL (GEMV only): x is silu(x) * r, rounded as the model's two ops round (x the gate,
     # r the up projection: an MLP's activation in the down projection's prologue).
+    # EPI_NORM (GEMV only, not with NORM): the add of er and the RMSNorm after the projection,
+    # done by the program that finishes last (_last_program_add_rms_norm): no norm kernel after.
     # PREFETCH (with PDL): the weight's first tile is read before the wait, while the kernel
     # before still runs, and each step reads the next; only for a weight that kernel does not
     # write (a model's parameter inside a CUDA graph: ops decide it in _launch).
@@ -130,6 +132,38 @@ def _small_m_linear_kernel(
         acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+    if EPI_NORM:
+        _last_program_add_rms_norm(y_ptr, er_ptr, h_ptr, nw_ptr, n_ptr, cnt_ptr, N, eps, BLOCK_E)
+
+
+@triton.jit
+def _last_program_add_rms_norm(y_ptr, r_ptr, h_ptr, nw_ptr, n_ptr, cnt_ptr, N, eps, BLOCK_E: tl.constexpr):
+    # The threadfence-reduction pattern: each program counts itself done once its strip of y is
+    # stored (the barrier puts every thread's stores before the count's release); the one that
+    # counts last sees all of y (acquire; its loads of y bypass L1), writes h = y + r and
+    # rms_norm(h) * nw, rounded where the model's ops round, and puts the counter back to 0
+    # for the next launch (a CUDA graph replays it).
+    tl.debug_barrier()
+    done = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
+    if done == tl.num_programs(0) - 1:
+        squares = tl.zeros([BLOCK_E], tl.float32)
+        for e in range(0, N, BLOCK_E):
+            offs = e + tl.arange(0, BLOCK_E)
+            mask = offs < N
+            y = tl.load(y_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
+            h = (y.to(tl.float32) + tl.load(r_ptr + offs, mask=mask, other=0.0).to(tl.float32)).to(y.dtype)
+            tl.store(h_ptr + offs, h, mask=mask)
+            squares += h.to(tl.float32) * h.to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(squares, axis=0) / N + eps)
+        for e in range(0, N, BLOCK_E):  # h again from y and r: no read of this pass's own stores
+            offs = e + tl.arange(0, BLOCK_E)
+            mask = offs < N
+            y = tl.load(y_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
+            h = (y.to(tl.float32) + tl.load(r_ptr + offs, mask=mask, other=0.0).to(tl.float32)).to(y.dtype)
+            normed = (h.to(tl.float32) * rstd).to(y.dtype)
+            nw = tl.load(nw_ptr + offs, mask=mask, other=0.0)
+            tl.store(n_ptr + offs, (normed.to(tl.float32) * nw.to(tl.float32)).to(y.dtype), mask=mask)
+        tl.store(cnt_ptr, 0)
 
 
 # with PDL and ATOM_COMPILE_PREFETCH=1, the prefetching twin of each specialisation is compiled
@@ -152,9 +186,10 @@ def _fits(config: tuple[int, int, int], block_m: int) -> bool:
     return block_n * block_k <= 64 * 32 * warps
 
 
-def _launch(x, weight, bias, out, config, norm=None, up=None) -> None:
+def _launch(x, weight, bias, out, config, norm=None, up=None, epilogue=None) -> None:
     """`norm`: None, or (norm weight, eps, residual or None, h or None) for the NORM prologue;
-    `up`: None, or the up projection for the SILU_MUL prologue (x the gate).
+    `up`: None, or the up projection for the SILU_MUL prologue (x the gate); `epilogue`: None,
+    or (norm weight, eps, residual, h, normed, counter) for the EPI_NORM epilogue (one row).
 
     Inside a CUDA-graph capture with PDL the weight is prefetched (pdl.prefetch)."""
     block_n, block_k, warps = config
@@ -162,18 +197,28 @@ def _launch(x, weight, bias, out, config, norm=None, up=None) -> None:
     n = weight.shape[0]
     dummy = bias if bias is not None else weight
     nw, eps, residual, h = norm if norm is not None else (weight, 0.0, up, None)
+    normed, counter, added = out, out, out
+    if epilogue is not None:
+        nw, eps, added, h, normed, counter = epilogue
     early = pdl.enabled(x.device)
+    constexprs = {"HAS_BIAS": bias is not None, "BLOCK_M": _block_m(m), "BLOCK_N": block_n, "BLOCK_K": block_k,
+                  "USE_DOT": _block_m(m) > 1, "IEEE": x.dtype == torch.float32, "PDL": early,
+                  "NORM": norm is not None, "ADD": norm is not None and residual is not None,
+                  "SILU_MUL": up is not None, "PREFETCH": pdl.prefetch(early, "linear"),
+                  # every constexpr, in order (FastLaunch's direct launch); BLOCK_E fixed when unused
+                  "EPI_NORM": epilogue is not None,
+                  "BLOCK_E": min(EPILOGUE_BLOCK, max(16, next_power_of_2(n))) if epilogue is not None else 16}
     _linear_launch(
         (cdiv(n, block_n), 1, 1),
         (x, weight, dummy, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
          residual if residual is not None else x, h if h is not None else out, nw,
-         residual.stride(0) if residual is not None else x.stride(0), float(eps)),
-        {"HAS_BIAS": bias is not None, "BLOCK_M": _block_m(m), "BLOCK_N": block_n, "BLOCK_K": block_k,
-         "USE_DOT": _block_m(m) > 1, "IEEE": x.dtype == torch.float32, "PDL": early,
-         "NORM": norm is not None, "ADD": norm is not None and residual is not None, "SILU_MUL": up is not None,
-         "PREFETCH": pdl.prefetch(early, "linear")},
-        num_warps=warps,
+         residual.stride(0) if residual is not None else x.stride(0), float(eps), normed, counter, added),
+        constexprs, num_warps=warps,
     )
+
+
+# elements of the row the epilogue's last program holds at a time (a 2048-wide model's row at once)
+EPILOGUE_BLOCK = 2048
 
 
 def gemv_config(k: int) -> tuple[int, int, int]:
@@ -308,3 +353,25 @@ def silu_mul_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor) 
     out = torch.empty((1, weight.shape[0]), dtype=gate.dtype, device=gate.device)
     _launch(gate, weight, None, out, gemv_config(gate.shape[1]), up=up)
     return out
+
+
+def linear_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
+                        eps: float, counter: torch.Tensor,
+                        up: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(h) * norm_weight, h) with h = x @ weight.T + residual (x: silu(x) * up with
+    `up`, an MLP's down projection), for one row that `supported` accepts (no bias), in one
+    launch: the program that finishes last adds and normalises. `counter`: one int32 zero on
+    x's device, zero again after each call; calls that share one must not run at once."""
+    n = weight.shape[0]
+    if x.shape[0] != 1 or residual.shape != (1, n) or not residual.is_contiguous() or norm_weight.shape != (n,):
+        raise ValueError(f"linear_add_rms_norm takes one row: x {tuple(x.shape)}, weight {tuple(weight.shape)}, "
+                         f"residual {tuple(residual.shape)} (contiguous), norm weight {tuple(norm_weight.shape)}")
+    if up is not None and up.shape != x.shape:
+        raise ValueError(f"linear_add_rms_norm's up {tuple(up.shape)} is not the gate's {tuple(x.shape)}")
+    if counter.dtype != torch.int32 or counter.numel() < 1 or counter.device != x.device:
+        raise ValueError("linear_add_rms_norm's counter is an int32 tensor on x's device, holding 0")
+    out = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    h, normed = torch.empty_like(out), torch.empty_like(out)
+    _launch(x, weight, None, out, gemv_config(x.shape[1]), up=up,
+            epilogue=(norm_weight, eps, residual, h, normed, counter))
+    return normed, h

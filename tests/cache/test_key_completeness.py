@@ -50,6 +50,7 @@ CONFIG_FIELDS = {
     "residual_add_pass": (False, True),
     "small_m_linear_pass": (False, True),
     "prologue_pass": (True, True),
+    "epilogue_pass": (True, True),
     "glu_pass": (False, True),  # on by default (with small_m_linear_pass)
     "rope_pass": (True, True),
     "rope_attention_pass": (True, True),

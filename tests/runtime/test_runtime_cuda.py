@@ -183,6 +183,20 @@ def test_silu_mul_fused_into_gate_up_decodes_as_eager(baselines, tmp_path):
     assert info["replayed"] > 0
 
 
+def test_norms_in_the_projections_epilogues_decode_as_eager(baselines, tmp_path):
+    """epilogue_pass: the residual add + RMSNorm after every o and down projection is the GEMV's
+    epilogue (atom::linear_add_rms_norm: its last program adds and normalises at one token),
+    under FULL graphs, replayed many times (the kernel's counter back at 0 after each)."""
+    expect = baselines[1][3]
+    engine, info = _run(CUDAGraphMode.FULL, 3, tmp_path, forced=expect.trace, epilogue_pass=True)
+    for i, ((_, logits), (_, want_logits)) in enumerate(zip(engine.trace, expect.trace)):
+        torch.testing.assert_close(logits, want_logits, atol=3e-2, rtol=3e-2, msg=lambda m: f"step {i}: {m}")
+    code = "\n".join(p.read_text() for p in tmp_path.rglob("*.py") if "def call(" in p.read_text())
+    # the o projection's norm in every layer, the down projection's in all but the last
+    assert code.count("torch.ops.atom.linear_add_rms_norm") >= 2 * LLAMA.num_layers - 1
+    assert info["replayed"] > 0
+
+
 def test_rope_fused_into_qkv_decodes_as_eager(baselines, tmp_path):
     """rope_pass: every layer's query and key RoPE is the epilogue of its qkv projection
     (atom::qkv_rope_linear), under FULL graphs: the logits as the unfused level 3's."""

@@ -20,7 +20,7 @@ from atom_compile.ops.triton_rowwise import _act_mul_kernel, _add_rms_norm_kerne
 from atom_compile.ops.triton_splitk import _split_k_kernel
 
 TARGET = GPUTarget("cuda", 90, 32)
-INT_POINTERS = {"tickets_ptr", "tables_ptr", "token_seq_ptr", "query_pos_ptr", "slot_ptr"}
+INT_POINTERS = {"cnt_ptr", "tickets_ptr", "tables_ptr", "token_seq_ptr", "query_pos_ptr", "slot_ptr"}
 FLOATS = {"eps", "scale"}
 
 
@@ -51,7 +51,7 @@ def load_order(ptx: str) -> tuple[int, int, int]:
 
 def _linear(prefetch: bool, **extra) -> dict:
     c = dict(HAS_BIAS=False, BLOCK_M=1, BLOCK_N=2, BLOCK_K=2048, USE_DOT=False, IEEE=False, PDL=True,
-             NORM=False, ADD=False, SILU_MUL=False, PREFETCH=prefetch)
+             NORM=False, ADD=False, SILU_MUL=False, PREFETCH=prefetch, EPI_NORM=False, BLOCK_E=16)
     c.update(extra)
     return c
 
@@ -63,6 +63,9 @@ VARIANTS = [
     ("add-norm gemv", _small_m_linear_kernel, _linear(False, NORM=True, ADD=True), 2),
     ("add-norm gemv+prefetch", _small_m_linear_kernel, _linear(True, NORM=True, ADD=True), 2),
     ("silu-mul gemv+prefetch", _small_m_linear_kernel, _linear(True, SILU_MUL=True), 2),
+    ("gemv with the add-norm epilogue", _small_m_linear_kernel, _linear(False, EPI_NORM=True, BLOCK_E=2048), 2),
+    ("silu-mul gemv with the add-norm epilogue+prefetch", _small_m_linear_kernel,
+     _linear(True, SILU_MUL=True, EPI_NORM=True, BLOCK_E=2048), 2),
     ("padded dots", _small_m_linear_kernel, _linear(False, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, USE_DOT=True), 4),
     ("padded dots+prefetch", _small_m_linear_kernel,
      _linear(True, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, USE_DOT=True), 4),

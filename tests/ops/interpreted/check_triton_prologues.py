@@ -118,3 +118,44 @@ def test_gemv_with_the_silu_mul_prologue(kernels, dtype, k):
     rtol = 0 if dtype == torch.float16 else 2 ** -6
     torch.testing.assert_close(got, prologue_linear._silu_mul_reference(rows[:, :k], rows[:, k:]),
                                atol=1e-3 if dtype == torch.float16 else 1e-6, rtol=rtol or 1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("n,k,silu", [(37, 48, False), (300, 300, False), (3000, 64, False), (64, 300, True)])
+def test_gemv_with_the_add_norm_epilogue(kernels, dtype, n, k, silu):
+    """The last program adds the residual and normalises the whole row (in steps of the
+    epilogue's block where the row is longer), and leaves the counter at 0 for the next call;
+    with `up`, after the SiLU-and-mul prologue (an MLP's down projection)."""
+    prologue_linear, tri, _ = kernels
+    x, up, _, w = _case(1, n, k, dtype, seed=n + k)
+    g = torch.Generator().manual_seed(n)
+    if silu:  # the projection's input as the model's two ops round it
+        act = torch.nn.functional.silu(x.float()).to(dtype)
+        x_in, up_arg = (act.float() * up.float()).to(dtype), up
+    else:
+        x_in, up_arg = x, None
+    r = torch.randn(1, n, generator=g).to(dtype)
+    nw = (1 + torch.randn(n, generator=g) / 4).to(dtype)
+    counter = torch.zeros(1, dtype=torch.int32)
+    tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
+    for _ in range(2):  # the second call finds the counter back at 0
+        normed, h = tri.linear_add_rms_norm(x, w, r, nw, 1e-5, counter, up=up_arg)
+        assert counter.item() == 0
+        want_h = (torch.nn.functional.linear(x_in.float(), w.float()).to(dtype).float() + r.float())
+        # y rounds before the add (one step of y's own size, the interpreter truncating bf16)
+        atol = tol * max(1.0, torch.nn.functional.linear(x_in.float(), w.float()).abs().max().item())
+        torch.testing.assert_close(h.float(), want_h, atol=atol, rtol=tol)
+        # from the kernel's own sum: the same roundings in the same places as the model's norm
+        torch.testing.assert_close(normed, prologue_linear._reference(h, None, nw, 1e-5)[0], atol=1e-6, rtol=2 ** -6)
+
+
+def test_the_epilogue_refuses_what_it_cannot_take(kernels):
+    _, tri, _ = kernels
+    x, r, nw, w = _case(1, 8, 16, torch.float16, seed=1)
+    counter = torch.zeros(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="one row"):
+        tri.linear_add_rms_norm(x.expand(2, 16), w, r[:, :8], nw[:8], 1e-5, counter)
+    with pytest.raises(ValueError, match="is not the gate's"):
+        tri.linear_add_rms_norm(x, w, r[:, :8].contiguous(), nw[:8], 1e-5, counter, up=r[:, :8].contiguous())
+    with pytest.raises(ValueError, match="int32"):
+        tri.linear_add_rms_norm(x, w, r[:, :8].contiguous(), nw[:8], 1e-5, counter.long())

@@ -1,0 +1,116 @@
+"""The built-in add + norm-into-projection epilogue pass: a CUDA piece's residual add and RMSNorm
+after an o or down projection become part of it (atom::linear_add_rms_norm), on graphs spelled
+as Inductor's post-grad graphs are; what the pass cannot take is left as it is."""
+
+import operator
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from atom_compile.backends.custom_passes import POST_PASS_KEY, compiler_config
+from atom_compile.backends.epilogue_pass import fuse_epilogues
+from atom_compile.config import CompilationConfig
+from atom_compile.errors import ConfigError
+from atom_compile.ops.epilogue_linear import op as fused_op
+from atom_compile.ops.linear import op as small_m_linear_op
+
+from test_prologue_pass import _norm  # this directory is on the path (no __init__.py)
+
+aten = torch.ops.aten
+BF16 = torch.bfloat16
+
+
+def _layer(attn, r, wo, nw1, wgu, wdown, nw2, wq):
+    """A decode layer from the attention's output as the post-grad graph has it: o projection,
+    residual add, norm, an MLP, down projection, residual add (the sum first), the next norm of
+    the x * x spelling with the weight second, the next layer's projection."""
+    linear = small_m_linear_op()
+    h1 = aten.add.Tensor(linear(attn, wo, None), r)
+    mlp = aten.relu.default(linear(_norm(h1, nw1), wgu, None))
+    h2 = aten.add.Tensor(h1, linear(mlp, wdown, None))
+    q = linear(_norm(h2, nw2, eps=1e-6, square="mul", weight_first=False), wq, None)
+    return q, h2
+
+
+def _args(device, gen=None, rows=1):
+    def t(*shape):
+        return torch.randn(*shape, generator=gen).to(BF16) if gen is not None \
+            else torch.empty(*shape, dtype=BF16, device=device)
+
+    return (t(rows, 32), t(rows, 16), t(16, 32), t(16), t(24, 16), t(16, 24), t(16), t(8, 16))
+
+
+def _trace(fn, *args):
+    return make_fx(fn, tracing_mode="fake")(*args)
+
+
+def _count(gm, target) -> int:
+    return sum(1 for n in gm.graph.nodes if n.op == "call_function" and n.target is target)
+
+
+def _fake_args(**kw):
+    with FakeTensorMode():  # fake CUDA tensors need no GPU
+        return _args("cuda", **kw)
+
+
+def test_both_norms_of_a_layer_become_epilogues_and_compute_the_same():
+    gm = _trace(_layer, *_fake_args())
+    assert _count(gm, small_m_linear_op()) == 4
+    assert fuse_epilogues(gm.graph) == 2
+    gm.graph.lint()
+    gm.recompile()
+    # o and down are in the fused ops; gate_up and the next layer's projection are as they were
+    assert _count(gm, small_m_linear_op()) == 2 and _count(gm, fused_op()) == 2
+    assert _count(gm, aten.rsqrt.default) == 0 and _count(gm, aten.mean.dim) == 0
+    assert _count(gm, aten.add.Tensor) == 0  # both residual adds are the ops' own
+    first, second = [n for n in gm.graph.nodes if n.target is fused_op()]
+    # the down projection's residual is the sum the o projection's op made; eps as the model's
+    assert second.args[2].target is operator.getitem and second.args[2].args[0] is first
+    assert first.args[4] == 1e-5 and second.args[4] == 1e-6
+    for rows in (1, 3):  # the op's own path off CUDA, at one token and more
+        args = _args("cpu", torch.Generator().manual_seed(rows), rows=rows)
+        for got, want in zip(gm(*args), _layer(*args)):
+            torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("case", ["two_readers", "bias", "rows_3d", "no_projection"])
+def test_what_it_cannot_take_is_left_alone(case):
+    linear = small_m_linear_op()
+
+    def f(x, r, w, nw, b):
+        if case == "rows_3d":
+            y = aten.view.default(linear(aten.view.default(x, [2, 32]), w, None), [1, 2, 16])
+            return _norm(aten.add.Tensor(y, r), nw)
+        if case == "no_projection":
+            return _norm(aten.add.Tensor(aten.relu.default(r), r), nw)
+        y = linear(x, w, b if case == "bias" else None)
+        out = _norm(aten.add.Tensor(y, r), nw)
+        return (out, aten.mul.Tensor(y, 2)) if case == "two_readers" else out
+
+    with FakeTensorMode():
+        rows = 2 if case == "rows_3d" else 1
+        r = torch.empty(1, 2, 16, dtype=BF16, device="cuda") if case == "rows_3d" else \
+            torch.empty(rows, 16, dtype=BF16, device="cuda")
+        args = (torch.empty(rows if case != "rows_3d" else 1, 64 if case == "rows_3d" else 32, dtype=BF16,
+                            device="cuda"),
+                r, torch.empty(16, 32, dtype=BF16, device="cuda"), torch.empty(16, dtype=BF16, device="cuda"),
+                torch.empty(16, dtype=BF16, device="cuda"))
+    gm = _trace(f, *args)
+    before = len(gm.graph.nodes)
+    assert fuse_epilogues(gm.graph) == 0
+    assert len(gm.graph.nodes) == before and _count(gm, fused_op()) == 0
+
+
+def test_the_pass_runs_where_it_is_asked_for_and_needs_the_small_m_pass():
+    on = compiler_config(CompilationConfig(level=3, epilogue_pass=True, prologue_pass=True))[POST_PASS_KEY]
+    names = [type(p).__name__ for p in on.passes]
+    assert names.index("EpiloguePass") == names.index("ProloguePass") - 1  # it takes its norms first
+    off = compiler_config(CompilationConfig(level=3))[POST_PASS_KEY]
+    assert "EpiloguePass" not in [type(p).__name__ for p in off.passes]
+    assert CompilationConfig(level=3, epilogue_pass=True).compute_hash() != CompilationConfig(level=3).compute_hash()
+    with pytest.raises(ConfigError, match="small_m_linear_pass"):
+        CompilationConfig(level=3, epilogue_pass=True, small_m_linear_pass=False)
+    with pytest.raises(ConfigError, match="epilogue_pass"):
+        CompilationConfig(level=3, epilogue_pass="yes")
