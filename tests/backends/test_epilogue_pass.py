@@ -11,12 +11,14 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from atom_compile.backends.custom_passes import POST_PASS_KEY, compiler_config
 from atom_compile.backends.epilogue_pass import fuse_epilogues
+from atom_compile.backends.glu_pass import fuse_glu
+from atom_compile.backends.small_m_pass import use_small_m_linear
 from atom_compile.config import CompilationConfig
 from atom_compile.errors import ConfigError
 from atom_compile.ops.epilogue_linear import op as fused_op
 from atom_compile.ops.linear import op as small_m_linear_op
 
-from test_prologue_pass import _norm  # this directory is on the path (no __init__.py)
+from tests.backends.test_prologue_pass import _norm
 
 aten = torch.ops.aten
 BF16 = torch.bfloat16
@@ -114,3 +116,23 @@ def test_the_pass_runs_where_it_is_asked_for_and_needs_the_small_m_pass():
         CompilationConfig(level=3, epilogue_pass=True, small_m_linear_pass=False)
     with pytest.raises(ConfigError, match="epilogue_pass"):
         CompilationConfig(level=3, epilogue_pass="yes")
+
+
+def cpu_small_m_glu_and_epilogue(graph) -> None:
+    """The small-M rewrite allowed on CPU, the GLU pass, then this one: an `inductor_passes`
+    entry, so the built-in Llama's own post-grad spelling is what the pass sees."""
+    use_small_m_linear(graph, devices=("cpu",))
+    fuse_glu(graph)
+    fuse_epilogues(graph)
+
+
+def test_the_builtin_llama_at_level_3_saves_the_op_and_a_restart_compiles_nothing(tmp_path):
+    """Its o projection's and down projection's norms in pieces the cache saves: a second start
+    loads them (no compile) and gives the first start's logits; both near the eager model's."""
+    from support.pass_checks import level3_round_trip
+
+    level3_round_trip(tmp_path, "tests.backends.test_epilogue_pass:cpu_small_m_glu_and_epilogue",
+                      "torch.ops.atom.linear_add_rms_norm", [1, 1])
+    code = "\n".join(p.read_text() for p in tmp_path.rglob("*.py") if "def call(" in p.read_text())
+    # one layer: after o the layer's second norm, after down the model's final norm
+    assert code.count("torch.ops.atom.linear_add_rms_norm.default(") >= 2, code.count("linear_add_rms_norm")
