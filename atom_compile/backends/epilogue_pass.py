@@ -8,8 +8,9 @@ finds such a norm whose add reads a projection that nothing else reads, and call
 last program adds and normalises, one launch), whose two outputs replace the norm and the sum.
 
 The norm is matched as backends/prologue_pass.py matches it (the models' spellings after
-Inductor's decompositions, half precision), on 2-D rows (an engine's flattened tokens); 3-D
-activations and anything else are left as they are. With prologue_pass on too, this pass runs
+Inductor's decompositions, half precision), on 2-D rows (an engine's flattened tokens) or the
+[batch, seq, hidden] rows a transformers model's projection views (flattened for the op, its
+outputs viewed back); anything else is left as it is. With prologue_pass on too, this pass runs
 first: a norm it takes is no longer a norm for that one.
 """
 
@@ -24,7 +25,7 @@ from typing import Optional
 import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from .prologue_pass import _call, _chain, _residual_add, _val, match_rms_norm
+from .prologue_pass import _RESHAPES, _call, _chain, _reshaped, _residual_add, _val, match_rms_norm
 
 
 def _projection(node: object, target) -> bool:
@@ -33,35 +34,53 @@ def _projection(node: object, target) -> bool:
             and _val(node) is not None and _val(node).dim() == 2)
 
 
-def _split(h: fx.Node, target) -> Optional[tuple[fx.Node, fx.Node]]:
-    """(projection, residual) where `h` is their sum, either order; else None."""
+def _rows(node: object, target) -> Optional[fx.Node]:
+    """The projection that `node` is, or that `node` views as [batch, seq, N] (transformers'
+    Linear on 3-D activations), read by nothing else; else None."""
+    if _projection(node, target):
+        return node
+    if _call(node, *_RESHAPES) and len(node.users) == 1 and _projection(node.args[0], target):
+        val, flat = _val(node), _val(node.args[0])
+        if val is not None and val.dim() == 3 and val.shape[-1] == flat.shape[-1]:
+            return node.args[0]
+    return None
+
+
+def _split(h: fx.Node, target) -> Optional[tuple[fx.Node, fx.Node, fx.Node]]:
+    """(projection, the operand that is it or views it, residual) where `h` is their sum; else None."""
     operands = _residual_add(h)
     if operands is None:
         return None
-    a, b = operands
-    return (a, b) if _projection(a, target) else (b, a) if _projection(b, target) else None
+    for operand, residual in (operands, operands[::-1]):
+        projection = _rows(operand, target)
+        if projection is not None:
+            return projection, operand, residual
+    return None
 
 
 def _fuse_one(graph: fx.Graph, normed: fx.Node, target, fused_op) -> Optional[set[fx.Node]]:
     """Rewrite the norm `normed` if its add reads a projection; the nodes left dead, or None."""
     found = match_rms_norm(normed)
-    if found is None or _val(normed).dim() != 2:
+    if found is None:
         return None
     h, norm_weight, eps = found
     parts = _split(h, target)
     if parts is None:
         return None
-    projection, residual = parts
-    dead = _chain(normed, {h, norm_weight}) | {h, projection}  # taken before h's readers change
+    projection, operand, residual = parts
+    dead = _chain(normed, {h, norm_weight}) | {h, operand, projection}  # taken before h's readers change
+    rows = _val(projection)
     with graph.inserting_before(h):  # X, W and r are all defined before the add
-        fused = graph.call_function(fused_op, (projection.args[0], projection.args[1], residual, norm_weight, eps))
-        fused.meta["val"] = (normed.meta["val"], h.meta["val"])
-        new_normed = graph.call_function(operator.getitem, (fused, 0))
-        new_normed.meta.update({k: v for k, v in normed.meta.items() if k in ("val", "tensor_meta")})
-        new_h = graph.call_function(operator.getitem, (fused, 1))
-        new_h.meta.update({k: v for k, v in h.meta.items() if k in ("val", "tensor_meta")})
-    normed.replace_all_uses_with(new_normed)
-    h.replace_all_uses_with(new_h)
+        fused = graph.call_function(fused_op, (*projection.args[:2], _reshaped(graph, residual, projection),
+                                               norm_weight, eps))
+        fused.meta["val"] = (rows, rows)
+        outs = []
+        for i, like in enumerate((normed, h)):  # each back to the rows' shape the graph had
+            out = graph.call_function(operator.getitem, (fused, i))
+            out.meta["val"] = rows
+            outs.append(_reshaped(graph, out, like))
+    normed.replace_all_uses_with(outs[0])
+    h.replace_all_uses_with(outs[1])
     return dead
 
 

@@ -6,6 +6,7 @@ import operator
 
 import pytest
 import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -77,14 +78,14 @@ def test_both_norms_of_a_layer_become_epilogues_and_compute_the_same():
             torch.testing.assert_close(got, want)
 
 
-@pytest.mark.parametrize("case", ["two_readers", "bias", "rows_3d", "no_projection"])
+@pytest.mark.parametrize("case", ["two_readers", "bias", "no_projection", "wide_view"])
 def test_what_it_cannot_take_is_left_alone(case):
     linear = small_m_linear_op()
 
     def f(x, r, w, nw, b):
-        if case == "rows_3d":
+        if case == "wide_view":  # a view that is not [batch, seq, N] rows of the projection
             y = aten.view.default(linear(aten.view.default(x, [2, 32]), w, None), [1, 2, 16])
-            return _norm(aten.add.Tensor(y, r), nw)
+            return _norm(aten.view.default(aten.add.Tensor(y, r), [1, 32]), nw)
         if case == "no_projection":
             return _norm(aten.add.Tensor(aten.relu.default(r), r), nw)
         y = linear(x, w, b if case == "bias" else None)
@@ -92,13 +93,11 @@ def test_what_it_cannot_take_is_left_alone(case):
         return (out, aten.mul.Tensor(y, 2)) if case == "two_readers" else out
 
     with FakeTensorMode():
-        rows = 2 if case == "rows_3d" else 1
-        r = torch.empty(1, 2, 16, dtype=BF16, device="cuda") if case == "rows_3d" else \
-            torch.empty(rows, 16, dtype=BF16, device="cuda")
-        args = (torch.empty(rows if case != "rows_3d" else 1, 64 if case == "rows_3d" else 32, dtype=BF16,
-                            device="cuda"),
-                r, torch.empty(16, 32, dtype=BF16, device="cuda"), torch.empty(16, dtype=BF16, device="cuda"),
-                torch.empty(16, dtype=BF16, device="cuda"))
+        wide = case == "wide_view"
+        args = (torch.empty(1, 64 if wide else 32, dtype=BF16, device="cuda"),
+                torch.empty(*((1, 2, 16) if wide else (1, 16)), dtype=BF16, device="cuda"),
+                torch.empty(16, 32, dtype=BF16, device="cuda"),
+                torch.empty(32 if wide else 16, dtype=BF16, device="cuda"), torch.empty(16, dtype=BF16, device="cuda"))
     gm = _trace(f, *args)
     before = len(gm.graph.nodes)
     assert fuse_epilogues(gm.graph) == 0
@@ -136,3 +135,44 @@ def test_the_builtin_llama_at_level_3_saves_the_op_and_a_restart_compiles_nothin
     code = "\n".join(p.read_text() for p in tmp_path.rglob("*.py") if "def call(" in p.read_text())
     # one layer: after o the layer's second norm, after down the model's final norm
     assert code.count("torch.ops.atom.linear_add_rms_norm.default(") >= 2, code.count("linear_add_rms_norm")
+
+
+class _CpuPasses(CustomGraphPass):
+    """The small-M, GLU and epilogue passes as a CUDA piece runs them, the small-M rewrite allowed
+    on CPU (where the ops take their PyTorch paths): what the epilogue pass fused, counted."""
+
+    def __init__(self):
+        self.fused = []
+
+    def __call__(self, graph):
+        use_small_m_linear(graph, devices=("cpu",))
+        fuse_glu(graph)
+        self.fused.append(fuse_epilogues(graph))
+
+    def uuid(self):
+        return None  # never cached: each compile runs the pass
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_a_whole_transformers_decoder_is_fused_and_matches_eager(family):
+    """Models nobody here wrote, [batch, seq, hidden] activations, two layers in bf16: the o and
+    down projections of each layer take their norms (the last down's is the model's final norm),
+    logits as eager's."""
+    import transformers
+
+    from tests.models.families import _COMMON
+
+    config = {"llama": transformers.LlamaConfig, "qwen3": transformers.Qwen3Config}[family]
+    cfg = config(**{**_COMMON, "num_hidden_layers": 2}, **({"head_dim": 8} if family == "qwen3" else {}))
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").to(BF16).eval()
+    passes = _CpuPasses()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="inductor", fullgraph=True, dynamic=False,
+                             options={"post_grad_custom_post_pass": passes, "fx_graph_cache": False})
+    ids = torch.randint(1, 128, (1, 6), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        got = compiled(input_ids=ids, use_cache=False).logits
+        want = model(input_ids=ids, use_cache=False).logits
+    assert passes.fused == [4]
+    torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=3e-2)
