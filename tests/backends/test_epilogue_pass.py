@@ -160,19 +160,12 @@ def test_a_whole_transformers_decoder_is_fused_and_matches_eager(family):
     logits as eager's."""
     import transformers
 
+    from support.pass_checks import transformers_logits
     from tests.models.families import _COMMON
 
     config = {"llama": transformers.LlamaConfig, "qwen3": transformers.Qwen3Config}[family]
     cfg = config(**{**_COMMON, "num_hidden_layers": 2}, **({"head_dim": 8} if family == "qwen3" else {}))
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").to(BF16).eval()
     passes = _CpuPasses()
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend="inductor", fullgraph=True, dynamic=False,
-                             options={"post_grad_custom_post_pass": passes, "fx_graph_cache": False})
-    ids = torch.randint(1, 128, (1, 6), generator=torch.Generator().manual_seed(4))
-    with torch.no_grad():
-        got = compiled(input_ids=ids, use_cache=False).logits
-        want = model(input_ids=ids, use_cache=False).logits
+    got, want = transformers_logits(cfg, passes)
     assert passes.fused == [4]
     torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=3e-2)

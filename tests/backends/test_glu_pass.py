@@ -242,19 +242,12 @@ def test_a_whole_transformers_decoder_is_fused_and_matches_eager():
     fusion a layer (the prologue pass then fuses the norms only), logits as eager's."""
     import transformers
 
+    from support.pass_checks import transformers_logits
     from tests.models.families import _COMMON
 
     cfg = transformers.Phi3Config(**{**_COMMON, "num_hidden_layers": 2})
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").to(BF16).eval()
     passes = _CpuPasses()
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend="inductor", fullgraph=True, dynamic=False,
-                             options={"post_grad_custom_post_pass": passes, "fx_graph_cache": False})
-    ids = torch.randint(1, 128, (1, 6), generator=torch.Generator().manual_seed(4))
-    with torch.no_grad():
-        got = compiled(input_ids=ids, use_cache=False).logits
-        want = model(input_ids=ids, use_cache=False).logits
+    got, want = transformers_logits(cfg, passes)
     assert [glu for glu, _ in passes.fused] == [2]
     torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=3e-2)
 

@@ -37,6 +37,21 @@ def level3_round_trip(tmp_path, entry: str, op_call: str, tokens: list[int]) -> 
     assert torch.equal(again, first)
 
 
+def transformers_logits(config, passes) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits through Inductor with `passes` as its post-grad pass, eager logits) of a bf16
+    transformers causal LM built from `config` (seed 0) on six tokens."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(torch.bfloat16).eval()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="inductor", fullgraph=True, dynamic=False,
+                             options={"post_grad_custom_post_pass": passes, "fx_graph_cache": False})
+    ids = torch.randint(1, 128, (1, 6), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        return compiled(input_ids=ids, use_cache=False).logits, model(input_ids=ids, use_cache=False).logits
+
+
 def cuda_kernels(call) -> list[str]:
     """The names of the CUDA kernels `call` launches, after a first call (compiles, tuning)."""
     call()
