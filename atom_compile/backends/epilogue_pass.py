@@ -69,8 +69,10 @@ def _fuse_one(graph: fx.Graph, normed: fx.Node, target, fused_op) -> Optional[se
         return None
     projection, operand, residual = parts
     dead = _chain(normed, {h, norm_weight}) | {h, operand, projection}  # taken before h's readers change
+    order = {n: i for i, n in enumerate(graph.nodes)}
     rows = _val(projection)
-    with graph.inserting_before(h):  # X, W and r are all defined before the add
+    # at the norm, where every operand is defined (a norm weight computed after the add too)
+    with graph.inserting_before(normed):
         fused = graph.call_function(fused_op, (*projection.args[:2], _reshaped(graph, residual, projection),
                                                norm_weight, eps))
         fused.meta["val"] = (rows, rows)
@@ -80,7 +82,9 @@ def _fuse_one(graph: fx.Graph, normed: fx.Node, target, fused_op) -> Optional[se
             out.meta["val"] = rows
             outs.append(_reshaped(graph, out, like))
     normed.replace_all_uses_with(outs[0])
-    h.replace_all_uses_with(outs[1])
+    for user in list(h.users):  # the sum's later readers take the op's; one before the norm keeps the add
+        if order.get(user, -1) > order[normed]:
+            user.replace_input_with(h, outs[1])
     return dead
 
 

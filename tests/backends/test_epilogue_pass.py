@@ -78,6 +78,33 @@ def test_both_norms_of_a_layer_become_epilogues_and_compute_the_same():
             torch.testing.assert_close(got, want)
 
 
+def test_a_norm_weight_computed_after_the_add_and_an_early_reader_of_the_sum():
+    """Gemma-style (1 + w) made after the add in the graph's order, and a reader of the sum
+    before the norm: the op goes where all its operands are, the early reader keeps the add."""
+    linear = small_m_linear_op()
+
+    def f(x, r, w, nw, wq):
+        h = aten.add.Tensor(linear(x, w, None), r)
+        early = aten.mul.Tensor(h, 2)
+        normed = _norm(h, aten.add.Tensor(nw, 1))
+        return linear(normed, wq, None), early, aten.mul.Tensor(h, 3)
+
+    with FakeTensorMode():
+        fake = (torch.empty(1, 32, dtype=BF16, device="cuda"), torch.empty(1, 16, dtype=BF16, device="cuda"),
+                torch.empty(16, 32, dtype=BF16, device="cuda"), torch.empty(16, dtype=BF16, device="cuda"),
+                torch.empty(8, 16, dtype=BF16, device="cuda"))
+    gm = _trace(f, *fake)
+    assert fuse_epilogues(gm.graph) == 1
+    gm.graph.lint()
+    gm.recompile()
+    [add] = [n for n in gm.graph.nodes if n.target is aten.add.Tensor and n.args[1] != 1]
+    assert [u.target for u in add.users] == [aten.mul.Tensor]  # the early reader only
+    gen = torch.Generator().manual_seed(5)
+    real = tuple(torch.randn(*t.shape, generator=gen).to(BF16) for t in fake)
+    for got, want in zip(gm(*real), f(*real)):
+        torch.testing.assert_close(got, want)
+
+
 @pytest.mark.parametrize("case", ["two_readers", "bias", "no_projection", "wide_view"])
 def test_what_it_cannot_take_is_left_alone(case):
     linear = small_m_linear_op()
