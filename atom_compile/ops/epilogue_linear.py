@@ -6,8 +6,7 @@ The epilogue pass (backends/epilogue_pass.py) puts this op where a CUDA piece ha
 One row on CUDA takes the GEMV whose last program to finish adds and normalises the row
 (ops/triton_linear.linear_add_rms_norm: one launch); more rows take the projection as
 `atom::small_m_linear` would and then a Triton row-wise add + RMSNorm (the launches there were
-before); off CUDA, PyTorch itself. The
-results round where the model's code does.
+before); off CUDA, PyTorch itself. The results round where the model's code does.
 
 The one-row kernel counts its finished programs in an int32 counter that it puts back to zero.
 Eager calls take one per (device, stream), so launches on two streams never share one. Calls
@@ -47,8 +46,9 @@ def _counter(device: torch.device) -> Optional[torch.Tensor]:
 def linear_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
                         eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(h) * norm_weight, h) with h = x @ weight.T + residual; x and residual [rows, *]."""
-    if x.is_cuda and triton_available():
-        from . import triton_linear, triton_rowwise
+    cuda = x.is_cuda and triton_available()
+    if cuda:
+        from . import triton_linear
 
         y_shape = (x.shape[0], weight.shape[0])
         if (x.shape[0] == 1 and triton_linear.supported(x, weight, None) and residual.shape == y_shape
@@ -57,13 +57,14 @@ def linear_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.T
             counter = _counter(x.device)
             if counter is not None:
                 return triton_linear.linear_add_rms_norm(x, weight, residual, norm_weight, eps, counter)
-        y = small_m_linear(x, weight, None)  # the small-M pass's choice for the projection alone
+    y = small_m_linear(x, weight, None)  # the small-M pass's choice for the projection alone
+    if cuda:
+        from . import triton_rowwise
+
         if triton_rowwise.supported(y, residual, norm_weight):
             normed, h = triton_rowwise.add_rms_norm(y, residual, norm_weight, eps)
             return normed, h
-        normed, h = _reference(y, residual, norm_weight, eps)
-        return normed, h.contiguous()
-    normed, h = _reference(small_m_linear(x, weight, None), residual, norm_weight, eps)
+    normed, h = _reference(y, residual, norm_weight, eps)
     return normed.contiguous(), h.contiguous()
 
 
