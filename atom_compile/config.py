@@ -77,10 +77,11 @@ class CompilationConfig:
     # residual add before it) or a SiLU-and-mul into the small-M projection that reads it: one
     # launch at one token. Off until measured on a GPU; needs small_m_linear_pass. Keyed when on.
     prologue_pass: bool = False
-    # The built-in post-grad pass (backends/epilogue_pass.py) that puts the residual add + RMSNorm
-    # after a projection (a layer's o and down) into it: at one token the GEMV's last program
-    # adds and normalises, no norm kernel. Off until measured on a GPU (benchmarks/decode_ab.py
-    # -epinorm); needs small_m_linear_pass. Keyed when on.
+    # The built-in post-grad pass (backends/epilogue_pass.py) that splits an RMSNorm between the
+    # projections around it (a layer's o or down before, gate_up or the next qkv after): at one
+    # token the first GEMV adds, weighs and sums the squares, the second scales by 1 / rms; no
+    # norm kernel. Off until measured on a GPU (benchmarks/decode_ab.py -epinorm); needs
+    # small_m_linear_pass. Keyed when on.
     epilogue_pass: bool = False
     # The built-in post-grad pass (backends/glu_pass.py) that puts a gated MLP's activation-and-
     # mul (SwiGLU, GeGLU) into the epilogue of its gate and up projections: one launch at one

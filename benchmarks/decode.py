@@ -4,7 +4,7 @@ Arms, in one run: eager; torch.compile; torch.compile(mode="reduce-overhead") an
 mode="max-autotune" of the same model; atom-compile level 3 with cudagraph_mode NONE, FULL and
 TR_HYBRID, each also as `-sizes` (compile_sizes = the batches <= 8: per-size pieces) and as
 `-fused` (prologue_pass: each RMSNorm in the prologue of the projection after it) or `-epinorm`
-(epilogue_pass: the add + RMSNorm after the o and down projections in their GEMVs) and as
+(epilogue_pass: each RMSNorm split between the GEMVs around it, no norm kernel) and as
 `-glu` / `-noglu` (glu_pass: each MLP's SiLU-and-mul in the epilogue of its gate_up GEMV; on by
 default since 2026-12-06) and as
 `-rope` (rope_pass: the query's and key's RoPE in the epilogue of their qkv GEMV) or `-ropeattn`
@@ -163,7 +163,7 @@ def atom_arm(name: str, batches: list[int]) -> tuple[dict, contextlib.ExitStack]
     if "-fused" in name:
         cc["prologue_pass"] = True  # the norms into the projections' prologues
     if "-epinorm" in name:
-        cc["epilogue_pass"] = True  # the add + RMSNorm after the o and down projections into their GEMVs
+        cc["epilogue_pass"] = True  # each RMSNorm split between the GEMVs around it
     if "-glu" in name:
         cc["glu_pass"] = True  # SiLU-and-mul into the gate_up GEMV's epilogue (the default since 2026-12-06)
     if "-noglu" in name:

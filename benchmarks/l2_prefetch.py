@@ -26,9 +26,10 @@ optional size in MB (its first bytes; the whole weight without one), and an opti
 P 64 KB bulk prefetches a program (a power of two; 32 without, the compiler's), or `/lK`: a
 kernel of this script's own instead, each thread asking L2 for one 128-byte line
 (`prefetch.global.L2::evict_last`), K KB a program of 4 warps (a power of two, 16 or more).
-An arm prefixed `e.` (`e.base`, `e.qkv:o+gu16`) runs the o and down GEMVs with the add +
-RMSNorm as their epilogue (ops/triton_linear.linear_add_rms_norm: the program that finishes
-last adds and normalises), five kernels a layer where the others run seven.
+An arm prefixed `e.` (`e.base`, `e.qkv:o+gu16`) splits each RMSNorm between the GEMVs around
+it (ops/triton_linear.linear_add_weigh: the o and down GEMVs add, weigh and sum the squares;
+scaled_linear: gate_up and the next qkv scale by 1 / rms), five kernels a layer where the
+others run seven.
 --profile ARM,... prints, for those arms, where one replay's layer goes: each kernel's end after the one before's, the
 mean over the middle layers (torch's profiler), and the prefetch kernels' span.
 """
@@ -97,7 +98,7 @@ class Layers:
         self.hidden = torch.randn(1, HIDDEN, device=dev, dtype=bf)
         self.residual = torch.zeros_like(self.hidden)  # made here: a fill in the chain would be a kernel more
         self.out = torch.empty(1, HEADS, DIM, device=dev, dtype=bf)
-        self.counter = torch.zeros(1, device=dev, dtype=torch.int32)  # the epilogue's, zero between GEMVs
+        self.slot = torch.zeros(2, device=dev, dtype=torch.int32)  # the split norms' sum, zero between pairs
 
     def weight(self, name: str, i: int) -> torch.Tensor:
         if name == "next_qkv":
@@ -124,7 +125,7 @@ def prefetch(weight: torch.Tensor, nbytes: int, how: tuple[str, int]) -> None:
 
 
 def split_epi(arm: str) -> tuple[bool, str]:
-    """`e.ARM` -> (True, ARM): the norms as the GEMVs' epilogues."""
+    """`e.ARM` -> (True, ARM): the norms split between the GEMVs."""
     return (True, arm[2:]) if arm.startswith("e.") else (False, arm)
 
 
@@ -149,9 +150,11 @@ def run_chain(lay: Layers, fork: str, items: list[tuple[str, int]], how: tuple[s
     q_size, kv_size = HEADS * DIM, KV_HEADS * DIM
     layers = len(lay.qkv)
     for i in range(layers):
-        if i == 0 or not epi:  # with epi, the down GEMV before normalised this layer's input
+        if i == 0 or not epi:  # with epi, the down GEMV before weighed this layer's input
             h, residual = rw.add_rms_norm(hidden, residual, lay.norm, EPS)
-        qkv = tlin.small_m_linear(h, lay.qkv[i])
+            qkv = tlin.small_m_linear(h, lay.qkv[i])
+        else:
+            qkv = tlin.scaled_linear(h, lay.qkv[i], EPS, lay.slot)
         maybe_prefetch("qkv", i)
         q = qkv[:, :q_size].view(1, HEADS, DIM)
         k = qkv[:, q_size:q_size + kv_size].view(1, KV_HEADS, DIM)
@@ -159,18 +162,18 @@ def run_chain(lay: Layers, fork: str, items: list[tuple[str, int]], how: tuple[s
         cache = lay.caches[i]
         ta.triton_paged_attention(q, cache[0], cache[1], lay.out, lay.meta, DIM ** -0.5, new_kv=(k, v))
         maybe_prefetch("attn", i)
-        if epi:
-            h, residual = tlin.linear_add_rms_norm(lay.out.view(1, q_size), lay.o[i], residual, lay.norm, EPS,
-                                                   lay.counter)
+        if epi:  # h is then the weighed row (g), residual the sum
+            h, residual = tlin.linear_add_weigh(lay.out.view(1, q_size), lay.o[i], residual, lay.norm, lay.slot)
             maybe_prefetch("o", i)
+            gu = tlin.scaled_linear(h, lay.gu[i], EPS, lay.slot)
         else:
             o = tlin.small_m_linear(lay.out.view(1, q_size), lay.o[i])
             maybe_prefetch("o", i)
             h, residual = rw.add_rms_norm(o, residual, lay.norm, EPS)
-        gu = tlin.small_m_linear(h, lay.gu[i])
+            gu = tlin.small_m_linear(h, lay.gu[i])
         if epi and i < layers - 1:  # the last layer's output is the down GEMV's, as without
-            h, residual = tlin.linear_add_rms_norm(gu[:, :INTER], lay.down[i], residual, lay.norm, EPS,
-                                                   lay.counter, up=gu[:, INTER:])
+            h, residual = tlin.linear_add_weigh(gu[:, :INTER], lay.down[i], residual, lay.norm, lay.slot,
+                                                up=gu[:, INTER:])
         else:
             hidden = tlin.silu_mul_linear(gu[:, :INTER], gu[:, INTER:], lay.down[i])
     if fork:
@@ -242,7 +245,7 @@ def main() -> None:
 
 
 PARTS = ("norm", "qkv", "attention", "o", "norm", "gate_up", "down")
-EPI_PARTS = ("qkv", "attention", "o+norm", "gate_up", "down+norm")  # after one norm before the first layer
+EPI_PARTS = ("qkv", "attention", "o+add", "gate_up", "down+add")  # after one norm before the first layer
 
 
 def profile_layer(arm: str, graph: torch.cuda.CUDAGraph, layers: int) -> None:

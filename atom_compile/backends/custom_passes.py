@@ -18,7 +18,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from ..config import DEFAULT_SPLITTING_OPS, CompilationConfig
 # the ops the built-in passes put into pieces, registered before any saved piece that calls
 # them is loaded (a warm start of a model that imports neither)
-from ..ops import epilogue_linear, glu_linear, linear, prologue_linear, rope_linear  # noqa: F401
+from ..ops import glu_linear, linear, prologue_linear, rope_linear, split_norm  # noqa: F401
 from ..passes import pass_factors, resolve_pass
 from . import graph_partition
 from .reductions import ROW_LIMIT_KEY

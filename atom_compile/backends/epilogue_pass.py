@@ -1,17 +1,21 @@
-"""A built-in post-grad pass: the residual add + RMSNorm after a CUDA piece's projection goes into it.
+"""A built-in post-grad pass: the RMSNorm between two of a CUDA piece's projections, split
+between them.
 
-After the small-M pass (backends/small_m_pass.py) a decode layer's o and down projections are
-`atom::small_m_linear(X, W, None)`, each followed by the residual add `h = y + r` and the norm
-`rms_norm(h) * w` that the next projection reads: a kernel of its own, two a layer. This pass
-finds such a norm whose add reads a projection that nothing else reads, and calls
-`atom::linear_add_rms_norm(X, W, r, w, eps)` (ops/epilogue_linear.py: at one token the GEMV's
-last program adds and normalises, one launch), whose two outputs replace the norm and the sum.
+After the small-M and GLU passes a decode layer's o and down projections are
+`atom::small_m_linear(X, W, None)`, each followed by the residual add `h = y + r`, the norm
+`rms_norm(h) * w`, and the next projection reading the norm alone (`atom::small_m_linear` for the
+next layer's qkv, `atom::gate_up_glu` for a gated MLP): the norm is a kernel of its own, two a
+layer. This pass rewrites such a chain as `atom::linear_add_weigh(X, W, r, w, eps, site)` and
+`atom::norm_scaled_linear(g, h, w, eps, W2, up, activation, site)` (ops/split_norm.py: at one
+token the first GEMV adds, weighs and sums the squares, the second scales by 1 / rms; no norm
+kernel). The sum replaces the add for its other readers.
 
 The norm is matched as backends/prologue_pass.py matches it (the models' spellings after
 Inductor's decompositions, half precision), on 2-D rows (an engine's flattened tokens) or the
-[batch, seq, hidden] rows a transformers model's projection views (flattened for the op, its
-outputs viewed back); anything else is left as it is. With prologue_pass on too, this pass runs
-first: a norm it takes is no longer a norm for that one.
+[batch, seq, hidden] rows a transformers model's projection views (flattened for the ops, the
+sum viewed back); a norm with another reader, or whose reader is not such a projection, is left
+as it is. With prologue_pass on too, this pass runs first: a norm it takes is no longer a norm
+for that one.
 """
 
 from __future__ import annotations
@@ -58,49 +62,74 @@ def _split(h: fx.Node, target) -> Optional[tuple[fx.Node, fx.Node, fx.Node]]:
     return None
 
 
-def _fuse_one(graph: fx.Graph, normed: fx.Node, target, fused_op) -> Optional[set[fx.Node]]:
-    """Rewrite the norm `normed` if its add reads a projection; the nodes left dead, or None."""
+def _rows_read(node: fx.Node) -> Optional[fx.Node]:
+    """The single reader of `node`, looking through one reshape to 2-D rows; else None."""
+    if len(node.users) != 1:
+        return None
+    (user,) = node.users
+    if _call(user, *_RESHAPES) and _val(user) is not None and _val(user).dim() == 2 and len(user.users) == 1:
+        (user,) = user.users
+    return user
+
+
+def _consumer(normed: fx.Node, linear, glu) -> Optional[tuple[fx.Node, tuple]]:
+    """(the projection that alone reads the norm, its (W2, up, activation)); else None."""
+    user = _rows_read(normed)
+    if _call(user, linear) and len(user.args) == 3 and user.args[2] is None and _val(user.args[0]).dim() == 2:
+        return user, (user.args[1], None, "")
+    if _call(user, glu) and len(user.args) == 4 and isinstance(user.args[3], str):
+        return user, tuple(user.args[1:4])
+    return None
+
+
+def _fuse_one(graph: fx.Graph, normed: fx.Node, targets: tuple, site: int) -> Optional[set[fx.Node]]:
+    """Split the norm `normed` if an add of a projection feeds it and one projection reads it;
+    the nodes left dead, or None."""
+    linear, glu, weigh, scaled = targets
     found = match_rms_norm(normed)
-    if found is None:
+    parts = _split(found[0], linear) if found is not None else None
+    consumer = _consumer(normed, linear, glu) if parts is not None else None
+    if consumer is None:
         return None
     h, norm_weight, eps = found
-    parts = _split(h, target)
-    if parts is None:
-        return None
     projection, operand, residual = parts
-    dead = _chain(normed, {h, norm_weight}) | {h, operand, projection}  # taken before h's readers change
+    reader, (weight, up, activation) = consumer
+    dead = _chain(normed, {h, norm_weight}) | {h, operand, projection, normed}
     order = {n: i for i, n in enumerate(graph.nodes)}
     rows = _val(projection)
-    # at the norm, where every operand is defined (a norm weight computed after the add too)
-    with graph.inserting_before(normed):
-        fused = graph.call_function(fused_op, (*projection.args[:2], _reshaped(graph, residual, projection),
-                                               norm_weight, eps))
-        fused.meta["val"] = (rows, rows)
-        outs = []
-        for i, like in enumerate((normed, h)):  # each back to the rows' shape the graph had
-            out = graph.call_function(operator.getitem, (fused, i))
-            out.meta["val"] = rows
-            outs.append(_reshaped(graph, out, like))
-    normed.replace_all_uses_with(outs[0])
-    for user in list(h.users):  # the sum's later readers take the op's; one before the norm keeps the add
-        if order.get(user, -1) > order[normed]:
-            user.replace_input_with(h, outs[1])
+    with graph.inserting_before(normed):  # every operand is defined there (a norm weight computed late too)
+        pair = graph.call_function(weigh, (*projection.args[:2], _reshaped(graph, residual, projection),
+                                           norm_weight, eps, site))
+        pair.meta["val"] = (rows, rows)
+        g, flat_h = (graph.call_function(operator.getitem, (pair, i)) for i in range(2))
+        g.meta["val"] = flat_h.meta["val"] = rows
+        h_out = _reshaped(graph, flat_h, h)
+    with graph.inserting_before(reader):  # and the next projection's weights here
+        out = graph.call_function(scaled, (g, flat_h, norm_weight, eps, weight, up, activation, site))
+        out.meta["val"] = rows.new_empty((rows.shape[0], _val(weight).shape[0]))
+        result = _reshaped(graph, out, reader)
+    reader.replace_all_uses_with(result)
+    dead |= {reader, *normed.users}  # the reader, and a reshape between them
+    for user in list(h.users):  # the sum's later readers take the op's; one before keeps the add
+        if user not in dead and order.get(user, -1) > order[normed]:
+            user.replace_input_with(h, h_out)
     return dead
 
 
 def fuse_epilogues(graph: fx.Graph) -> int:
-    """Rewrite each norm of `graph` that follows a projection's residual add, as described
-    above; the number rewritten. The nodes they leave without readers are removed."""
-    from ..ops.epilogue_linear import op as fused_op
+    """Split each norm of `graph` between the projections around it, as described above; the
+    number split. The nodes they leave without readers are removed."""
+    from ..ops.glu_linear import op as glu_op
     from ..ops.linear import op
+    from ..ops.split_norm import ops as split_ops
 
-    target = op()
+    targets = (op(), glu_op(), *split_ops())
     dead: set[fx.Node] = set()
     rewritten = 0
     for node in [n for n in graph.nodes if n.op == "call_function"]:
         if node in dead:
             continue
-        gone = _fuse_one(graph, node, target, fused_op())
+        gone = _fuse_one(graph, node, targets, rewritten)
         if gone is not None:
             dead |= gone
             rewritten += 1

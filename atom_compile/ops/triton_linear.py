@@ -72,10 +72,10 @@ def _accumulate(acc, x, w, USE_DOT: tl.constexpr, IEEE: tl.constexpr):
 @triton.jit
 def _small_m_linear_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-    r_ptr, h_ptr, nw_ptr, stride_rm, eps, n_ptr, cnt_ptr, er_ptr,
+    r_ptr, h_ptr, nw_ptr, stride_rm, eps, ss_ptr, cnt_ptr, er_ptr,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_DOT: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, NORM: tl.constexpr, ADD: tl.constexpr,
-    SILU_MUL: tl.constexpr, PREFETCH: tl.constexpr, EPI_NORM: tl.constexpr, BLOCK_E: tl.constexpr,
+    SILU_MUL: tl.constexpr, PREFETCH: tl.constexpr, EPI_SS: tl.constexpr, SS_SCALE: tl.constexpr,
 ):
     # One token (BLOCK_M 1): a plain GEMV, weight row by x, reduced along K in float32.
     # More tokens: tensor-core dots with the rows padded to BLOCK_M = 16 (reading the weight
@@ -87,8 +87,10 @@ def _small_m_linear_kernel(
     # the sum to h (the residual stream the model reads next).
     # SILU_MUL (GEMV only): x is silu(x) * r, rounded as the model's two ops round (x the gate,
     # r the up projection: an MLP's activation in the down projection's prologue).
-    # EPI_NORM (GEMV only, not with NORM): the add of er and the RMSNorm after the projection,
-    # done by the program that finishes last (_last_program_add_rms_norm): no norm kernel after.
+    # EPI_SS (GEMV only, not with NORM): an RMSNorm after the projection, split with the next
+    # projection (ops/split_norm.py): this one writes h = y + er, g = h * nw (y_ptr) and adds
+    # the sum of h squared into ss_ptr. SS_SCALE (GEMV only): x is such a g, the dot is scaled
+    # by 1 / rms from ss_ptr's sum over K, and the slot is put back to 0 (release_slot).
     # PREFETCH (with PDL): the weight's first tile is read before the wait, while the kernel
     # before still runs, and each step reads the next; only for a weight that kernel does not
     # write (a model's parameter inside a CUDA graph: ops decide it in _launch).
@@ -104,6 +106,8 @@ def _small_m_linear_kernel(
         w_next = tl.load(w_ptrs, mask=n_mask[:, None] & (offs_k < K)[None, :], other=0.0)
     if PDL:  # launched early (ops/pdl.py): read nothing else before the kernel before has finished
         wait_then_release()
+    if SS_SCALE:  # the producer's atomics landed when it finished; L1 may hold an older line
+        ss = tl.load(ss_ptr, cache_modifier=".cg")
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     squares = tl.zeros([BLOCK_M], tl.float32)
     for k in range(0, K, BLOCK_K):
@@ -128,41 +132,44 @@ def _small_m_linear_kernel(
         w_ptrs += BLOCK_K
     if NORM:
         acc *= tl.rsqrt(squares / K + eps)[:, None]
+    if SS_SCALE:
+        acc *= tl.rsqrt(ss / K + eps)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
-    if EPI_NORM:
-        _last_program_add_rms_norm(y_ptr, er_ptr, h_ptr, nw_ptr, n_ptr, cnt_ptr, N, eps, BLOCK_E)
+    if EPI_SS:
+        _add_weigh_and_square(acc, offs_n, n_mask, er_ptr, h_ptr, nw_ptr, y_ptr, ss_ptr)
+    else:
+        y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+    if SS_SCALE:
+        release_slot(ss_ptr, cnt_ptr)
 
 
 @triton.jit
-def _last_program_add_rms_norm(y_ptr, r_ptr, h_ptr, nw_ptr, n_ptr, cnt_ptr, N, eps, BLOCK_E: tl.constexpr):
-    # The threadfence-reduction pattern: each program counts itself done once its strip of y is
-    # stored (the barrier puts every thread's stores before the count's release); the one that
-    # counts last sees all of y (acquire; its loads of y bypass L1), writes h = y + r and
-    # rms_norm(h) * nw, rounded where the model's ops round, and puts the counter back to 0
-    # for the next launch (a CUDA graph replays it).
+def _add_weigh_and_square(acc, offs_n, n_mask, r_ptr, h_ptr, nw_ptr, g_ptr, ss_ptr):
+    # the producer's half of a split RMSNorm (one row): h = y + r and g = h * nw, each rounded
+    # to the row's dtype, and the strip's sum of h squared added into the slot; nothing waits
+    # on the add (a reduction the next kernel reads once this one has finished)
+    dtype = g_ptr.dtype.element_ty
+    y = tl.sum(acc, axis=0).to(dtype)
+    r = tl.load(r_ptr + offs_n, mask=n_mask, other=0.0)
+    h = (y.to(tl.float32) + r.to(tl.float32)).to(dtype)
+    tl.store(h_ptr + offs_n, h, mask=n_mask)
+    hf = h.to(tl.float32)
+    nw = tl.load(nw_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    tl.store(g_ptr + offs_n, (hf * nw).to(dtype), mask=n_mask)
+    tl.atomic_add(ss_ptr, tl.sum(hf * hf, axis=0), sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def release_slot(ss_ptr, cnt_ptr):
+    # the consumer's last program (by count) puts the slot back to 0 for the next producer: every
+    # program has read the sum by its count (the barrier puts every thread's read before the
+    # release), so the reset cannot reach a program still to read it
     tl.debug_barrier()
     done = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
     if done == tl.num_programs(0) - 1:
-        squares = tl.zeros([BLOCK_E], tl.float32)
-        for e in range(0, N, BLOCK_E):
-            offs = e + tl.arange(0, BLOCK_E)
-            mask = offs < N
-            y = tl.load(y_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
-            h = (y.to(tl.float32) + tl.load(r_ptr + offs, mask=mask, other=0.0).to(tl.float32)).to(y.dtype)
-            tl.store(h_ptr + offs, h, mask=mask)
-            squares += h.to(tl.float32) * h.to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(squares, axis=0) / N + eps)
-        for e in range(0, N, BLOCK_E):  # h again from y and r: no read of this pass's own stores
-            offs = e + tl.arange(0, BLOCK_E)
-            mask = offs < N
-            y = tl.load(y_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
-            h = (y.to(tl.float32) + tl.load(r_ptr + offs, mask=mask, other=0.0).to(tl.float32)).to(y.dtype)
-            normed = (h.to(tl.float32) * rstd).to(y.dtype)
-            nw = tl.load(nw_ptr + offs, mask=mask, other=0.0)
-            tl.store(n_ptr + offs, (normed.to(tl.float32) * nw.to(tl.float32)).to(y.dtype), mask=mask)
+        tl.store(ss_ptr, 0.0)
         tl.store(cnt_ptr, 0)
 
 
@@ -186,10 +193,11 @@ def _fits(config: tuple[int, int, int], block_m: int) -> bool:
     return block_n * block_k <= 64 * 32 * warps
 
 
-def _launch(x, weight, bias, out, config, norm=None, up=None, epilogue=None) -> None:
+def _launch(x, weight, bias, out, config, norm=None, up=None, epilogue=None, scale=None) -> None:
     """`norm`: None, or (norm weight, eps, residual or None, h or None) for the NORM prologue;
     `up`: None, or the up projection for the SILU_MUL prologue (x the gate); `epilogue`: None,
-    or (norm weight, eps, residual, h, normed, counter) for the EPI_NORM epilogue (one row).
+    or (norm weight, residual, h, slot) for the EPI_SS epilogue (out receives g); `scale`: None,
+    or (eps, slot) for SS_SCALE. A slot is int32 [2]: the sum's float32 bits, the count.
 
     Inside a CUDA-graph capture with PDL the weight is prefetched (pdl.prefetch)."""
     block_n, block_k, warps = config
@@ -197,28 +205,26 @@ def _launch(x, weight, bias, out, config, norm=None, up=None, epilogue=None) -> 
     n = weight.shape[0]
     dummy = bias if bias is not None else weight
     nw, eps, residual, h = norm if norm is not None else (weight, 0.0, up, None)
-    normed, counter, added = out, out, out
+    slot, added = None, out
     if epilogue is not None:
-        nw, eps, added, h, normed, counter = epilogue
+        nw, added, h, slot = epilogue
+    if scale is not None:
+        eps, slot = scale
+    ss, count = (slot.view(torch.float32), slot[1:]) if slot is not None else (out, out)
     early = pdl.enabled(x.device)
     constexprs = {"HAS_BIAS": bias is not None, "BLOCK_M": _block_m(m), "BLOCK_N": block_n, "BLOCK_K": block_k,
                   "USE_DOT": _block_m(m) > 1, "IEEE": x.dtype == torch.float32, "PDL": early,
                   "NORM": norm is not None, "ADD": norm is not None and residual is not None,
                   "SILU_MUL": up is not None, "PREFETCH": pdl.prefetch(early, "linear"),
-                  # every constexpr, in order (FastLaunch's direct launch); BLOCK_E fixed when unused
-                  "EPI_NORM": epilogue is not None,
-                  "BLOCK_E": min(EPILOGUE_BLOCK, max(16, next_power_of_2(n))) if epilogue is not None else 16}
+                  # every constexpr, in order (FastLaunch's direct launch)
+                  "EPI_SS": epilogue is not None, "SS_SCALE": scale is not None}
     _linear_launch(
         (cdiv(n, block_n), 1, 1),
         (x, weight, dummy, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
          residual if residual is not None else x, h if h is not None else out, nw,
-         residual.stride(0) if residual is not None else x.stride(0), float(eps), normed, counter, added),
+         residual.stride(0) if residual is not None else x.stride(0), float(eps), ss, count, added),
         constexprs, num_warps=warps,
     )
-
-
-# elements of the row the epilogue's last program holds at a time (a 2048-wide model's row at once)
-EPILOGUE_BLOCK = 2048
 
 
 def gemv_config(k: int) -> tuple[int, int, int]:
@@ -355,23 +361,36 @@ def silu_mul_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor) 
     return out
 
 
-def linear_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
-                        eps: float, counter: torch.Tensor,
-                        up: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(h) * norm_weight, h) with h = x @ weight.T + residual (x: silu(x) * up with
+def _check_slot(slot: torch.Tensor, x: torch.Tensor, name: str) -> None:
+    if slot.dtype != torch.int32 or slot.shape != (2,) or slot.device != x.device:
+        raise ValueError(f"{name}'s slot is an int32 tensor of 2 on x's device (the sum's bits and a count)")
+
+
+def linear_add_weigh(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
+                     slot: torch.Tensor, up: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(g, h) with h = x @ weight.T + residual and g = h * norm_weight (x: silu(x) * up with
     `up`, an MLP's down projection), for one row that `supported` accepts (no bias), in one
-    launch: the program that finishes last adds and normalises. `counter`: one int32 zero on
-    x's device, zero again after each call; calls that share one must not run at once."""
+    launch; the sum of h squared is added into `slot` for `scaled_linear` (the norm's 1 / rms)."""
     n = weight.shape[0]
     if x.shape[0] != 1 or residual.shape != (1, n) or not residual.is_contiguous() or norm_weight.shape != (n,):
-        raise ValueError(f"linear_add_rms_norm takes one row: x {tuple(x.shape)}, weight {tuple(weight.shape)}, "
+        raise ValueError(f"linear_add_weigh takes one row: x {tuple(x.shape)}, weight {tuple(weight.shape)}, "
                          f"residual {tuple(residual.shape)} (contiguous), norm weight {tuple(norm_weight.shape)}")
     if up is not None and up.shape != x.shape:
-        raise ValueError(f"linear_add_rms_norm's up {tuple(up.shape)} is not the gate's {tuple(x.shape)}")
-    if counter.dtype != torch.int32 or counter.numel() < 1 or counter.device != x.device:
-        raise ValueError("linear_add_rms_norm's counter is an int32 tensor on x's device, holding 0")
-    out = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    h, normed = torch.empty_like(out), torch.empty_like(out)
-    _launch(x, weight, None, out, gemv_config(x.shape[1]), up=up,
-            epilogue=(norm_weight, eps, residual, h, normed, counter))
-    return normed, h
+        raise ValueError(f"linear_add_weigh's up {tuple(up.shape)} is not the gate's {tuple(x.shape)}")
+    _check_slot(slot, x, "linear_add_weigh")
+    g = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    h = torch.empty_like(g)
+    _launch(x, weight, None, g, gemv_config(x.shape[1]), up=up, epilogue=(norm_weight, residual, h, slot))
+    return g, h
+
+
+def scaled_linear(g: torch.Tensor, weight: torch.Tensor, eps: float, slot: torch.Tensor) -> torch.Tensor:
+    """rsqrt(sum / K + eps) * (g @ weight.T), the sum of squares `linear_add_weigh` left in
+    `slot` (which this puts back to 0), for one row that `supported` accepts (no bias), in one
+    launch: with g = h * w it is rms_norm(h) * w @ weight.T."""
+    if g.shape[0] != 1:
+        raise ValueError(f"scaled_linear takes one row, not {tuple(g.shape)}")
+    _check_slot(slot, g, "scaled_linear")
+    out = torch.empty((1, weight.shape[0]), dtype=g.dtype, device=g.device)
+    _launch(g, weight, None, out, gemv_config(g.shape[1]), scale=(eps, slot))
+    return out

@@ -86,7 +86,7 @@ def test_a_backend_registers_the_ops_its_passes_put_into_pieces():
     code = ("import torch, atom_compile as ac\n"
             "ac.backend(ac.Config())\n"
             "for name in ('small_m_linear', 'rms_norm_linear', 'add_rms_norm_linear', 'silu_mul_linear',\n"
-            "             'linear_add_rms_norm'):\n"
+            "             'linear_add_weigh', 'norm_scaled_linear', 'gate_up_glu'):\n"
             "    getattr(torch.ops.atom, name).default\n"
             "print('registered')\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

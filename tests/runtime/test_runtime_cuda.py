@@ -183,18 +183,24 @@ def test_silu_mul_fused_into_gate_up_decodes_as_eager(baselines, tmp_path):
     assert info["replayed"] > 0
 
 
-def test_norms_in_the_projections_epilogues_decode_as_eager(baselines, tmp_path):
-    """epilogue_pass: the residual add + RMSNorm after every o and down projection is the GEMV's
-    epilogue (atom::linear_add_rms_norm: its last program adds and normalises at one token),
-    under FULL graphs, replayed many times (the kernel's counter back at 0 after each)."""
+@pytest.mark.parametrize("mode", [CUDAGraphMode.FULL, CUDAGraphMode.TR_HYBRID])
+def test_norms_split_between_the_projections_decode_as_eager(baselines, tmp_path, mode):
+    """epilogue_pass: each RMSNorm between two projections is split between them
+    (atom::linear_add_weigh, atom::norm_scaled_linear: at one token no norm kernel), under FULL
+    and token graphs, replayed many times (each site's slot back at 0 after each)."""
+    from atom_compile.ops import split_norm
+
     expect = baselines[1][3]
-    engine, info = _run(CUDAGraphMode.FULL, 3, tmp_path, forced=expect.trace, epilogue_pass=True)
+    engine, info = _run(mode, 3, tmp_path, forced=expect.trace, epilogue_pass=True)
     for i, ((_, logits), (_, want_logits)) in enumerate(zip(engine.trace, expect.trace)):
         torch.testing.assert_close(logits, want_logits, atol=3e-2, rtol=3e-2, msg=lambda m: f"step {i}: {m}")
     code = "\n".join(p.read_text() for p in tmp_path.rglob("*.py") if "def call(" in p.read_text())
-    # the o projection's norm in every layer, the down projection's in all but the last
-    assert code.count("torch.ops.atom.linear_add_rms_norm") >= 2 * LLAMA.num_layers - 1
+    # o's norm (read by gate_up) in every layer, down's (read by the next qkv) in all but the last
+    assert code.count("torch.ops.atom.linear_add_weigh.default(") >= 2 * LLAMA.num_layers - 1
+    assert code.count("torch.ops.atom.norm_scaled_linear.default(") == code.count("linear_add_weigh.default(")
     assert info["replayed"] > 0
+    torch.cuda.synchronize()
+    assert all(not s.any() for s in split_norm._slots.values()) and not split_norm._pending
 
 
 def test_rope_fused_into_qkv_decodes_as_eager(baselines, tmp_path):

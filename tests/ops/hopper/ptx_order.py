@@ -27,7 +27,7 @@ FLOATS = {"eps", "scale"}
 def _type(name: str) -> str:
     if name in INT_POINTERS:
         return "*i32"
-    if name in ("acc_ptr", "part_ptr", "cos_ptr", "sin_ptr"):
+    if name in ("acc_ptr", "part_ptr", "cos_ptr", "sin_ptr", "ss_ptr"):
         return "*fp32"
     if name.endswith("_ptr"):
         return "*bf16"
@@ -51,7 +51,7 @@ def load_order(ptx: str) -> tuple[int, int, int]:
 
 def _linear(prefetch: bool, **extra) -> dict:
     c = dict(HAS_BIAS=False, BLOCK_M=1, BLOCK_N=2, BLOCK_K=2048, USE_DOT=False, IEEE=False, PDL=True,
-             NORM=False, ADD=False, SILU_MUL=False, PREFETCH=prefetch, EPI_NORM=False, BLOCK_E=16)
+             NORM=False, ADD=False, SILU_MUL=False, PREFETCH=prefetch, EPI_SS=False, SS_SCALE=False)
     c.update(extra)
     return c
 
@@ -63,9 +63,10 @@ VARIANTS = [
     ("add-norm gemv", _small_m_linear_kernel, _linear(False, NORM=True, ADD=True), 2),
     ("add-norm gemv+prefetch", _small_m_linear_kernel, _linear(True, NORM=True, ADD=True), 2),
     ("silu-mul gemv+prefetch", _small_m_linear_kernel, _linear(True, SILU_MUL=True), 2),
-    ("gemv with the add-norm epilogue", _small_m_linear_kernel, _linear(False, EPI_NORM=True, BLOCK_E=2048), 2),
-    ("silu-mul gemv with the add-norm epilogue+prefetch", _small_m_linear_kernel,
-     _linear(True, SILU_MUL=True, EPI_NORM=True, BLOCK_E=2048), 2),
+    ("gemv with the split norm's add and squares", _small_m_linear_kernel, _linear(False, EPI_SS=True), 2),
+    ("silu-mul gemv with the split norm's add and squares+prefetch", _small_m_linear_kernel,
+     _linear(True, SILU_MUL=True, EPI_SS=True), 2),
+    ("gemv scaled by the split norm's sum+prefetch", _small_m_linear_kernel, _linear(True, SS_SCALE=True), 2),
     ("padded dots", _small_m_linear_kernel, _linear(False, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, USE_DOT=True), 4),
     ("padded dots+prefetch", _small_m_linear_kernel,
      _linear(True, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, USE_DOT=True), 4),
@@ -84,7 +85,10 @@ VARIANTS = [
           WRITE_KV=True, PDL=True, PREFETCH=True, ROPE=2), 4),
     ("add-rms-norm", _add_rms_norm_kernel, dict(ADD=True, BLOCK_K=2048, PDL=True), 4),
     ("silu-mul", _act_mul_kernel, dict(BLOCK_K=1024, ACT=0, PDL=True), 4),
-    ("gate_up gemv with the gelu-mul epilogue", _gate_up_glu_kernel, dict(BLOCK_N=1, BLOCK_K=2048, ACT=1, PDL=True), 2),
+    ("gate_up gemv with the gelu-mul epilogue", _gate_up_glu_kernel,
+     dict(BLOCK_N=1, BLOCK_K=2048, ACT=1, PDL=True, SS_SCALE=False), 2),
+    ("gate_up gemv scaled by the split norm's sum", _gate_up_glu_kernel,
+     dict(BLOCK_N=1, BLOCK_K=2048, ACT=0, PDL=True, SS_SCALE=True), 2),
     ("qkv gemv with the rope epilogue", _qkv_rope_kernel, dict(HAS_BIAS=True, HALF=32, BLOCK_P=1, BLOCK_K=2048, PDL=True), 2),
     ("rope rows", _rope_rows_kernel, dict(HALF=32, BLOCK_P=256, PDL=True), 4),
     ("split-k", _split_k_kernel, dict(HAS_BIAS=True, BLOCK_N=16, BLOCK_K=256, SPLIT=4, PDL=True, PREFETCH=False), 4),

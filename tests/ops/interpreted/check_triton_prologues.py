@@ -1,4 +1,5 @@
-"""The RMSNorm prologue of the one-row GEMV and the add + RMSNorm kernel, against the model's
+"""The RMSNorm prologue of the one-row GEMV, the norm split between two GEMVs, and the add +
+RMSNorm kernel, against the model's
 own PyTorch (ops/prologue_linear._reference), on CPU through Triton's interpreter (TRITON_INTERPRET=1):
 with and without the residual add, ragged K (one step and a K loop), every one-row block shape,
 fp16 and bf16."""
@@ -121,41 +122,53 @@ def test_gemv_with_the_silu_mul_prologue(kernels, dtype, k):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("n,k,silu", [(37, 48, False), (300, 300, False), (3000, 64, False), (64, 300, True)])
-def test_gemv_with_the_add_norm_epilogue(kernels, dtype, n, k, silu):
-    """The last program adds the residual and normalises the whole row (in steps of the
-    epilogue's block where the row is longer), and leaves the counter at 0 for the next call;
-    with `up`, after the SiLU-and-mul prologue (an MLP's down projection)."""
+@pytest.mark.parametrize("n,k,silu,glu", [(37, 48, False, False), (300, 300, False, True), (3000, 64, False, False),
+                                          (64, 300, True, True)])
+def test_a_norm_split_between_two_gemvs(kernels, dtype, n, k, silu, glu):
+    """The producer adds the residual, weighs by the norm weight and sums the squares into the
+    slot; the consumer (a GEMV, or the gate_up GEMV with its activation) scales by 1 / rms and
+    leaves the slot at 0 for the next pair; with `up`, after the SiLU-and-mul prologue."""
     prologue_linear, tri, _ = kernels
+    from atom_compile.ops import triton_glu
+
     x, up, _, w = _case(1, n, k, dtype, seed=n + k)
     g = torch.Generator().manual_seed(n)
-    if silu:  # the projection's input as the model's two ops round it
-        act = torch.nn.functional.silu(x.float()).to(dtype)
-        x_in, up_arg = (act.float() * up.float()).to(dtype), up
-    else:
-        x_in, up_arg = x, None
+    x_in = (torch.nn.functional.silu(x.float()).to(dtype).float() * up.float()).to(dtype) if silu else x
     r = torch.randn(1, n, generator=g).to(dtype)
     nw = (1 + torch.randn(n, generator=g) / 4).to(dtype)
-    counter = torch.zeros(1, dtype=torch.int32)
+    w2 = (torch.randn(2 * 24, n, generator=g) / n ** 0.5).to(dtype)
+    slot = torch.zeros(2, dtype=torch.int32)
     tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
-    for _ in range(2):  # the second call finds the counter back at 0
-        normed, h = tri.linear_add_rms_norm(x, w, r, nw, 1e-5, counter, up=up_arg)
-        assert counter.item() == 0
-        want_h = (torch.nn.functional.linear(x_in.float(), w.float()).to(dtype).float() + r.float())
-        # y rounds before the add (one step of y's own size, the interpreter truncating bf16)
-        atol = tol * max(1.0, torch.nn.functional.linear(x_in.float(), w.float()).abs().max().item())
-        torch.testing.assert_close(h.float(), want_h, atol=atol, rtol=tol)
-        # from the kernel's own sum: the same roundings in the same places as the model's norm
-        torch.testing.assert_close(normed, prologue_linear._reference(h, None, nw, 1e-5)[0], atol=1e-6, rtol=2 ** -6)
+    for _ in range(2):  # the second pair finds the slot back at 0
+        weighed, h = tri.linear_add_weigh(x, w, r, nw, slot, up=up if silu else None)
+        y = torch.nn.functional.linear(x_in.float(), w.float())
+        atol = tol * max(1.0, y.abs().max().item())  # y rounds before the add (the interpreter truncating bf16)
+        torch.testing.assert_close(h.float(), y.to(dtype).float() + r.float(), atol=atol, rtol=tol)
+        ulp = 2 ** -7 if dtype == torch.bfloat16 else 2 ** -10  # the interpreter truncates, CUDA rounds
+        torch.testing.assert_close(weighed, (h.float() * nw.float()).to(dtype), atol=0, rtol=ulp)
+        squares = slot.view(torch.float32)[0].item()
+        assert squares == pytest.approx(h.float().pow(2).sum().item(), rel=1e-4)
+        normed = prologue_linear._reference(h, None, nw, 1e-5)[0]
+        if glu:
+            got = triton_glu.gate_up_glu(weighed, w2[:24], w2[24:], "silu", scale=(1e-5, slot))
+            gate, upp = (torch.nn.functional.linear(normed.float(), half.float()).to(dtype) for half in (w2[:24], w2[24:]))
+            want = (torch.nn.functional.silu(gate.float()).to(dtype).float() * upp.float()).to(dtype)
+        else:
+            got = tri.scaled_linear(weighed, w2, 1e-5, slot)
+            want = torch.nn.functional.linear(normed.float(), w2.float()).to(dtype)
+        assert slot.tolist() == [0, 0]
+        torch.testing.assert_close(got.float(), want.float(), atol=2 * tol, rtol=2 * tol)
 
 
-def test_the_epilogue_refuses_what_it_cannot_take(kernels):
+def test_the_split_norm_refuses_what_it_cannot_take(kernels):
     _, tri, _ = kernels
     x, r, nw, w = _case(1, 8, 16, torch.float16, seed=1)
-    counter = torch.zeros(1, dtype=torch.int32)
+    slot = torch.zeros(2, dtype=torch.int32)
     with pytest.raises(ValueError, match="one row"):
-        tri.linear_add_rms_norm(x.expand(2, 16), w, r[:, :8], nw[:8], 1e-5, counter)
+        tri.linear_add_weigh(x.expand(2, 16), w, r[:, :8], nw[:8], slot)
     with pytest.raises(ValueError, match="is not the gate's"):
-        tri.linear_add_rms_norm(x, w, r[:, :8].contiguous(), nw[:8], 1e-5, counter, up=r[:, :8].contiguous())
+        tri.linear_add_weigh(x, w, r[:, :8].contiguous(), nw[:8], slot, up=r[:, :8].contiguous())
     with pytest.raises(ValueError, match="int32"):
-        tri.linear_add_rms_norm(x, w, r[:, :8].contiguous(), nw[:8], 1e-5, counter.long())
+        tri.linear_add_weigh(x, w, r[:, :8].contiguous(), nw[:8], slot.long())
+    with pytest.raises(ValueError, match="one row"):
+        tri.scaled_linear(x.expand(2, 16), w, 1e-5, slot)
