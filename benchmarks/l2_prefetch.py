@@ -98,7 +98,7 @@ class Layers:
         self.hidden = torch.randn(1, HIDDEN, device=dev, dtype=bf)
         self.residual = torch.zeros_like(self.hidden)  # made here: a fill in the chain would be a kernel more
         self.out = torch.empty(1, HEADS, DIM, device=dev, dtype=bf)
-        self.slot = torch.zeros(2, device=dev, dtype=torch.int32)  # the split norms' sum, zero between pairs
+        self.slots = torch.zeros(2 * layers, 256, device=dev)  # the split norms' slots (ops/split_norm.py)
 
     def weight(self, name: str, i: int) -> torch.Tensor:
         if name == "next_qkv":
@@ -149,12 +149,16 @@ def run_chain(lay: Layers, fork: str, items: list[tuple[str, int]], how: tuple[s
     hidden, residual = lay.hidden, lay.residual
     q_size, kv_size = HEADS * DIM, KV_HEADS * DIM
     layers = len(lay.qkv)
+
+    def pair_slots(p: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # pair p's slot and the one it zeroes: the next pair's, round the chain's 2 * layers - 1
+        return lay.slots[p], lay.slots[(p + 1) % (2 * layers - 1)]
     for i in range(layers):
         if i == 0 or not epi:  # with epi, the down GEMV before weighed this layer's input
             h, residual = rw.add_rms_norm(hidden, residual, lay.norm, EPS)
             qkv = tlin.small_m_linear(h, lay.qkv[i])
         else:
-            qkv = tlin.scaled_linear(h, lay.qkv[i], EPS, lay.slot)
+            qkv = tlin.scaled_linear(h, lay.qkv[i], EPS, lay.slots[2 * i - 1])
         maybe_prefetch("qkv", i)
         q = qkv[:, :q_size].view(1, HEADS, DIM)
         k = qkv[:, q_size:q_size + kv_size].view(1, KV_HEADS, DIM)
@@ -163,17 +167,18 @@ def run_chain(lay: Layers, fork: str, items: list[tuple[str, int]], how: tuple[s
         ta.triton_paged_attention(q, cache[0], cache[1], lay.out, lay.meta, DIM ** -0.5, new_kv=(k, v))
         maybe_prefetch("attn", i)
         if epi:  # h is then the weighed row (g), residual the sum
-            h, residual = tlin.linear_add_weigh(lay.out.view(1, q_size), lay.o[i], residual, lay.norm, lay.slot)
+            h, residual = tlin.linear_add_weigh(lay.out.view(1, q_size), lay.o[i], residual, lay.norm,
+                                                *pair_slots(2 * i))
             maybe_prefetch("o", i)
-            gu = tlin.scaled_linear(h, lay.gu[i], EPS, lay.slot)
+            gu = tlin.scaled_linear(h, lay.gu[i], EPS, lay.slots[2 * i])
         else:
             o = tlin.small_m_linear(lay.out.view(1, q_size), lay.o[i])
             maybe_prefetch("o", i)
             h, residual = rw.add_rms_norm(o, residual, lay.norm, EPS)
             gu = tlin.small_m_linear(h, lay.gu[i])
         if epi and i < layers - 1:  # the last layer's output is the down GEMV's, as without
-            h, residual = tlin.linear_add_weigh(gu[:, :INTER], lay.down[i], residual, lay.norm, lay.slot,
-                                                up=gu[:, INTER:])
+            h, residual = tlin.linear_add_weigh(gu[:, :INTER], lay.down[i], residual, lay.norm,
+                                                *pair_slots(2 * i + 1), up=gu[:, INTER:])
         else:
             hidden = tlin.silu_mul_linear(gu[:, :INTER], gu[:, INTER:], lay.down[i])
     if fork:

@@ -82,24 +82,51 @@ def _consumer(normed: fx.Node, linear, glu) -> Optional[tuple[fx.Node, tuple]]:
     return None
 
 
-def _fuse_one(graph: fx.Graph, normed: fx.Node, targets: tuple, site: int) -> Optional[set[fx.Node]]:
-    """Split the norm `normed` if an add of a projection feeds it and one projection reads it;
-    the nodes left dead, or None."""
-    linear, glu, weigh, scaled = targets
+def _candidate(normed: fx.Node, linear, glu) -> Optional[tuple]:
+    """(normed, (h, norm weight, eps), (projection, operand, residual), (reader, (W2, up,
+    activation))) where an add of a projection feeds the norm `normed` and one projection reads
+    it; else None."""
     found = match_rms_norm(normed)
     parts = _split(found[0], linear) if found is not None else None
     consumer = _consumer(normed, linear, glu) if parts is not None else None
-    if consumer is None:
-        return None
-    h, norm_weight, eps = found
-    projection, operand, residual = parts
-    reader, (weight, up, activation) = consumer
+    return (normed, found, parts, consumer) if consumer is not None else None
+
+
+def _depends(node: fx.Node, on: fx.Node, order: dict) -> bool:
+    """Whether `node` reads `on`, through any chain of nodes."""
+    todo, seen = list(node.all_input_nodes), set()
+    while todo:
+        n = todo.pop()
+        if n is on:
+            return True
+        if n not in seen and order[n] > order[on]:
+            seen.add(n)
+            todo.extend(n.all_input_nodes)
+    return False
+
+
+def _chain_of_pairs(graph: fx.Graph, linear, glu, limit: int) -> list[tuple]:
+    """The candidates, in the graph's order, each of whose projection reads the consumer before
+    it (the order the slots' zeroing relies on: ops/split_norm.py); at most `limit`."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    chain: list[tuple] = []
+    for node in graph.nodes:
+        found = _candidate(node, linear, glu) if node.op == "call_function" and len(chain) < limit else None
+        if found is not None and (not chain or _depends(found[2][0], chain[-1][3][0], order)):
+            chain.append(found)
+    return chain
+
+
+def _rewrite(graph: fx.Graph, candidate: tuple, ops: tuple, site: int, clear: int) -> set[fx.Node]:
+    """Split one norm (a `_candidate`) at `site`; the nodes left dead."""
+    weigh, scaled = ops
+    normed, (h, norm_weight, eps), (projection, operand, residual), (reader, (weight, up, activation)) = candidate
     dead = _chain(normed, {h, norm_weight}) | {h, operand, projection, normed}
     order = {n: i for i, n in enumerate(graph.nodes)}
     rows = _val(projection)
     with graph.inserting_before(normed):  # every operand is defined there (a norm weight computed late too)
         pair = graph.call_function(weigh, (*projection.args[:2], _reshaped(graph, residual, projection),
-                                           norm_weight, eps, site))
+                                           norm_weight, eps, site, clear))
         pair.meta["val"] = (rows, rows)
         g, flat_h = (graph.call_function(operator.getitem, (pair, i)) for i in range(2))
         g.meta["val"] = flat_h.meta["val"] = rows
@@ -117,26 +144,27 @@ def _fuse_one(graph: fx.Graph, normed: fx.Node, targets: tuple, site: int) -> Op
 
 
 def fuse_epilogues(graph: fx.Graph) -> int:
-    """Split each norm of `graph` between the projections around it, as described above; the
-    number split. The nodes they leave without readers are removed."""
+    """Split the norms of `graph` between the projections around them, as described above, where
+    at least two such pairs form a chain; the number split. The nodes they leave without readers
+    are removed."""
     from ..ops.glu_linear import op as glu_op
     from ..ops.linear import op
-    from ..ops.split_norm import ops as split_ops
+    from ..ops.split_norm import SITES, ops as split_ops
 
-    targets = (op(), glu_op(), *split_ops())
+    chain = [c[0] for c in _chain_of_pairs(graph, op(), glu_op(), SITES)]
+    if len(chain) < 2:  # a lone pair has no next producer to empty its slot
+        return 0
     dead: set[fx.Node] = set()
-    rewritten = 0
-    for node in [n for n in graph.nodes if n.op == "call_function"]:
-        if node in dead:
-            continue
-        gone = _fuse_one(graph, node, targets, rewritten)
-        if gone is not None:
-            dead |= gone
-            rewritten += 1
+    for site, normed in enumerate(chain):
+        # matched again: the pair before took this one's residual (its sum) into its producer
+        candidate = _candidate(normed, op(), glu_op())
+        if candidate is None:  # every site must be there: the slots' zeroing goes round them all
+            raise RuntimeError(f"atom-compile epilogue_pass: the norm at {normed.name} no longer matches")
+        dead |= _rewrite(graph, candidate, split_ops(), site, (site + 1) % len(chain))
     for node in reversed(list(graph.nodes)):  # readers before what they read
         if node in dead and not node.users:
             graph.erase_node(node)
-    return rewritten
+    return len(chain)
 
 
 class EpiloguePass(CustomGraphPass):

@@ -5,26 +5,31 @@ At one token a decode layer's o and down projections are each followed by a resi
 an RMSNorm, and the norm by the next projection (gate_up, or the next layer's qkv): the norm is
 a kernel of its own, a launch and a boundary where the memory drains and ramps again. Split, the
 norm needs no kernel of its own:
-- `linear_add_weigh(x, W, r, w, eps, site) -> (g, h)`: the projection, h = y + r, g = h * w,
-  and the sum of h squared added into the site's slot by every program (ops/triton_linear.py,
-  EPI_SS);
+- `linear_add_weigh(x, W, r, w, eps, site, clear) -> (g, h)`: the projection, h = y + r,
+  g = h * w, and the sum of h squared added into the site's slot (ops/triton_linear.py, EPI_SS);
 - `norm_scaled_linear(g, h, w, eps, W2, up, activation, site)`: g @ W2.T (or a gated MLP's
-  act(gate) * up) scaled by 1 / rms from the slot, which its last program puts back to 0
-  (SS_SCALE). With g = h * w that is rms_norm(h) * w @ W2.T; the rounding differs from the
-  model's by where 1 / rms is applied (after the dot, not on the row), as in the prologue pass.
+  act(gate) * up) scaled by 1 / rms from the slot (SS_SCALE). With g = h * w that is
+  rms_norm(h) * w @ W2.T; the rounding differs from the model's by where 1 / rms is applied
+  (after the dot, not on the row), as in the prologue pass.
+
+Who empties a slot: not its consumer (its programs would have to count themselves, thousands of
+atomics on one address), but the next producer: the pass numbers a graph's pairs 0..S-1 (S >= 2)
+in an order where each pair's consumer comes before the next pair's producer, and producer s
+zeroes slot `clear` = (s + 1) mod S. So every slot is zeroed after its last reader and before
+its next writer, slot 0 at the end of each graph. The host keeps the same account (which slots
+hold a sum) and zeroes a slot itself before a producer that would find it dirty (a forward that
+stopped half way).
 
 Both ops take the split form on the same condition, which each can decide alone: one row, on
-CUDA with Triton, and a slot for the site. Otherwise g is the normalised row and the consumer
+CUDA with Triton, and slots for this stream. Otherwise g is the normalised row and the consumer
 a plain projection (more rows: the projection, one add + RMSNorm kernel, the next projection:
 the launches there were before). A shape the kernels do not take inside the split form runs the
-same arithmetic in PyTorch. `site` (the pass numbers a graph's pairs) keeps pairs that a
-compiler interleaves apart; a site's slot that no consumer emptied (an interrupted forward) is
-zeroed at its next use.
+same arithmetic in PyTorch.
 
-Slots: a row of them per (device, stream) for eager calls, one per device for CUDA-graph
-captures (graphs that hold these ops must not replay at once, as graphs that share a memory pool
-must not). They are made outside captures only (nothing may allocate into a graph's pool for
-good); a capture that finds none (no eager call before it) records the unsplit launches.
+Slots: SITES per (device, stream) for eager calls, SITES per device for CUDA-graph captures
+(graphs that hold these ops must not replay at once, as graphs that share a memory pool must
+not). They are made outside captures only (nothing may allocate into a graph's pool for good); a
+capture that finds none (no eager call before it) records the unsplit launches.
 """
 
 from __future__ import annotations
@@ -41,17 +46,19 @@ from .triton_present import triton_available
 
 NAMESPACE = "atom"
 GRAPHS = -1  # the stream slot of the slots that captures use
-SITES = 256  # slots per (device, stream): pairs one graph may hold
+SITES = 64  # split pairs one graph may hold
 
 _slots: dict[tuple[int, int], torch.Tensor] = {}
-_pending: set[tuple[int, int, int]] = set()
+_dirty: dict[tuple[int, int], set[int]] = {}  # the slots that hold a sum, as the stream will find them
 
 
-def _slot(x: torch.Tensor, site: int) -> Optional[tuple[torch.Tensor, tuple[int, int, int]]]:
-    """(the slot, its key) for a split pair at `site` on the current stream, or None where the
-    pair runs unsplit: not one CUDA row with Triton, a site past SITES, or a capture with no slot."""
+def _slots_for(x: torch.Tensor, site: int) -> Optional[tuple[torch.Tensor, tuple[int, int]]]:
+    """(this stream's slots, their key) for a split pair at `site`, or None where the pair runs
+    unsplit: not one CUDA row with Triton, a site past SITES, or a capture with no slots."""
     if not (x.is_cuda and x.shape[0] == 1 and 0 <= site < SITES and triton_available()):
         return None
+    from .triton_linear import SLOT_FLOATS
+
     stream = torch.cuda.current_stream(x.device)
     if torch.cuda.is_current_stream_capturing():
         key = (stream.device_index, GRAPHS)
@@ -59,36 +66,42 @@ def _slot(x: torch.Tensor, site: int) -> Optional[tuple[torch.Tensor, tuple[int,
         key = (stream.device_index, stream.cuda_stream)
         for k in (key, (stream.device_index, GRAPHS)):
             if k not in _slots:
-                _slots[k] = torch.zeros((SITES, 2), dtype=torch.int32, device=x.device)
+                _slots[k] = torch.zeros((SITES, SLOT_FLOATS), dtype=torch.float32, device=x.device)
+                _dirty[k] = set()
     rows = _slots.get(key)
-    return (rows[site], (*key, site)) if rows is not None else None
+    return (rows, key) if rows is not None else None
 
 
-def _weigh_in_torch(x, weight, residual, norm_weight, slot) -> tuple[torch.Tensor, torch.Tensor]:
+def _weigh_in_torch(x, weight, residual, norm_weight, slot, clear) -> tuple[torch.Tensor, torch.Tensor]:
     # the split form's results where the kernel does not take the shapes: the same arithmetic
     y = small_m_linear(x, weight, None)
     h = (y.float() + residual.float()).to(y.dtype)
-    slot.view(torch.float32)[0].add_(h.float().pow(2).sum())
+    slot[0].add_(h.float().pow(2).sum())
+    clear.zero_()
     return (h.float() * norm_weight.float()).to(h.dtype), h
 
 
 def linear_add_weigh(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
-                     eps: float, site: int) -> tuple[torch.Tensor, torch.Tensor]:
+                     eps: float, site: int, clear: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(g, h) with h = x @ weight.T + residual on rows [rows, *]; g is h * norm_weight awaiting
     the consumer's 1 / rms where the pair is split (see above), else rms_norm(h) * norm_weight."""
-    found = _slot(x, site)
+    if not (0 <= clear < SITES and clear != site):
+        raise ValueError(f"atom::linear_add_weigh: clear {clear} is not another site of 0..{SITES - 1} (site {site})")
+    found = _slots_for(x, site)
     if found is not None:
         from . import triton_linear
 
-        slot, key = found
-        if key in _pending:  # the last consumer at this site never ran: its sum is stale
-            slot.zero_()
-        _pending.add(key)
+        rows, key = found
+        dirty = _dirty[key]
+        if site in dirty:  # a forward stopped before the producer that would have zeroed it
+            rows[site].zero_()
+        dirty.add(site)
+        dirty.discard(clear)
         if (triton_linear.supported(x, weight, None) and residual.shape == (1, weight.shape[0])
                 and residual.dtype == x.dtype and residual.is_contiguous()
                 and norm_weight.dtype == x.dtype and norm_weight.is_contiguous()):
-            return triton_linear.linear_add_weigh(x, weight, residual, norm_weight, slot)
-        return _weigh_in_torch(x, weight, residual, norm_weight, slot)
+            return triton_linear.linear_add_weigh(x, weight, residual, norm_weight, rows[site], rows[clear])
+        return _weigh_in_torch(x, weight, residual, norm_weight, rows[site], rows[clear])
     y = small_m_linear(x, weight, None)  # the small-M pass's choice for the projection alone
     if x.is_cuda and triton_available():
         from . import triton_rowwise
@@ -106,8 +119,7 @@ def _scaled(g, h, norm_weight, eps, weight, up_weight, activation, slot) -> torc
         return triton_linear.scaled_linear(g, weight, eps, slot)
     if up_weight is not None and triton_glu.supported(g, weight, up_weight):
         return triton_glu.gate_up_glu(g, weight, up_weight, activation, scale=(eps, slot))
-    # weights the kernels do not take: the whole norm from h, the slot emptied for the next producer
-    slot.zero_()
+    # weights the kernels do not take: the whole norm from h (the next producer empties the slot)
     return _project(_reference(h, None, norm_weight, eps)[0].contiguous(), weight, up_weight, activation)
 
 
@@ -124,16 +136,14 @@ def norm_scaled_linear(g: torch.Tensor, h: torch.Tensor, norm_weight: torch.Tens
     takes it. g and h are 2-D rows."""
     if up_weight is not None:
         activate(g[:0], activation)  # an activation there is none of raises here, naming them
-    found = _slot(g, site)
+    found = _slots_for(g, site)
     if found is None:
         return _project(g, weight, up_weight, activation)  # g is the normalised row
-    slot, key = found
-    _pending.discard(key)
-    return _scaled(g, h, norm_weight, eps, weight, up_weight, activation, slot)
+    return _scaled(g, h, norm_weight, eps, weight, up_weight, activation, found[0][site])
 
 
 def _fake_weigh(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
-                eps: float, site: int) -> tuple[torch.Tensor, torch.Tensor]:
+                eps: float, site: int, clear: int) -> tuple[torch.Tensor, torch.Tensor]:
     shape = (x.shape[0], weight.shape[0])
     return x.new_empty(shape), x.new_empty(shape)
 

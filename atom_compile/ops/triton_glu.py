@@ -19,7 +19,7 @@ from . import pdl
 from .pdl import wait_then_release
 from .triton_rowwise import ACTIVATIONS, activation
 from .triton_launch import FastLaunch, cdiv
-from .triton_linear import gemv_config, release_slot
+from .triton_linear import check_slot, gemv_config, slot_sum
 
 
 @triton.jit
@@ -41,11 +41,11 @@ def two_row_blocks(x_ptr, a_ptrs, b_ptrs, mask, K, BLOCK: tl.constexpr, BLOCK_K:
 
 
 @triton.jit
-def _gate_up_glu_kernel(x_ptr, wg_ptr, wu_ptr, y_ptr, N, K, stride_gn, stride_un, ss_ptr, cnt_ptr, eps,
+def _gate_up_glu_kernel(x_ptr, wg_ptr, wu_ptr, y_ptr, N, K, stride_gn, stride_un, ss_ptr, eps,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACT: tl.constexpr, PDL: tl.constexpr,
                         SS_SCALE: tl.constexpr):
     # SS_SCALE: x is a split RMSNorm's g = h * w (ops/split_norm.py); both dots are scaled by
-    # 1 / rms from ss_ptr's sum of h squared, and the slot is put back to 0 (release_slot)
+    # 1 / rms from the slot's sum of h squared
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -55,8 +55,8 @@ def _gate_up_glu_kernel(x_ptr, wg_ptr, wu_ptr, y_ptr, N, K, stride_gn, stride_un
     u_ptrs = wu_ptr + rows * stride_un + offs_k[None, :]
     if PDL:  # launched early (ops/pdl.py): read nothing before the kernel before has finished
         wait_then_release()
-    if SS_SCALE:  # the producer's atomics landed when it finished; L1 may hold an older line
-        ss = tl.load(ss_ptr, cache_modifier=".cg")
+    if SS_SCALE:
+        ss = slot_sum(ss_ptr)
     acc_g, acc_u = two_row_blocks(x_ptr, g_ptrs, u_ptrs, n_mask, K, BLOCK_N, BLOCK_K)
     if SS_SCALE:
         rstd = tl.rsqrt(ss / K + eps)
@@ -66,8 +66,6 @@ def _gate_up_glu_kernel(x_ptr, wg_ptr, wu_ptr, y_ptr, N, K, stride_gn, stride_un
     dtype = y_ptr.dtype.element_ty
     act = activation(acc_g.to(dtype).to(tl.float32), ACT).to(dtype).to(tl.float32)
     tl.store(y_ptr + offs_n, (act * acc_u.to(dtype).to(tl.float32)).to(dtype), mask=n_mask)
-    if SS_SCALE:
-        release_slot(ss_ptr, cnt_ptr)
 
 
 _launch = FastLaunch(_gate_up_glu_kernel)
@@ -98,11 +96,12 @@ def gate_up_glu(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Ten
     n, k = gate_weight.shape
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     block_n, block_k, warps = config or glu_config(k)
-    eps, slot = scale if scale is not None else (0.0, None)
-    ss, count = (slot.view(torch.float32), slot[1:]) if slot is not None else (out, out)
+    eps, slot = scale if scale is not None else (0.0, out)
+    if scale is not None:
+        check_slot(slot, x, "gate_up_glu")
     _launch((cdiv(n, block_n), 1, 1),
-            (x, gate_weight, up_weight, out, n, k, gate_weight.stride(0), up_weight.stride(0), ss, count, float(eps)),
+            (x, gate_weight, up_weight, out, n, k, gate_weight.stride(0), up_weight.stride(0), slot, float(eps)),
             {"BLOCK_N": block_n, "BLOCK_K": block_k, "ACT": ACTIVATIONS.index(act), "PDL": pdl.enabled(x.device),
-             "SS_SCALE": slot is not None},
+             "SS_SCALE": scale is not None},
             num_warps=warps)
     return out

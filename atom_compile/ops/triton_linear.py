@@ -72,7 +72,7 @@ def _accumulate(acc, x, w, USE_DOT: tl.constexpr, IEEE: tl.constexpr):
 @triton.jit
 def _small_m_linear_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-    r_ptr, h_ptr, nw_ptr, stride_rm, eps, ss_ptr, cnt_ptr, er_ptr,
+    r_ptr, h_ptr, nw_ptr, stride_rm, eps, ss_ptr, clr_ptr, er_ptr,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_DOT: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, NORM: tl.constexpr, ADD: tl.constexpr,
     SILU_MUL: tl.constexpr, PREFETCH: tl.constexpr, EPI_SS: tl.constexpr, SS_SCALE: tl.constexpr,
@@ -88,9 +88,9 @@ def _small_m_linear_kernel(
     # SILU_MUL (GEMV only): x is silu(x) * r, rounded as the model's two ops round (x the gate,
     # r the up projection: an MLP's activation in the down projection's prologue).
     # EPI_SS (GEMV only, not with NORM): an RMSNorm after the projection, split with the next
-    # projection (ops/split_norm.py): this one writes h = y + er, g = h * nw (y_ptr) and adds
-    # the sum of h squared into ss_ptr. SS_SCALE (GEMV only): x is such a g, the dot is scaled
-    # by 1 / rms from ss_ptr's sum over K, and the slot is put back to 0 (release_slot).
+    # projection (ops/split_norm.py): this one writes h = y + er, g = h * nw (y_ptr), adds the
+    # sum of h squared into the slot at ss_ptr and zeroes the one at clr_ptr. SS_SCALE (GEMV
+    # only): x is such a g, the dot scaled by 1 / rms from the slot's sum over K.
     # PREFETCH (with PDL): the weight's first tile is read before the wait, while the kernel
     # before still runs, and each step reads the next; only for a weight that kernel does not
     # write (a model's parameter inside a CUDA graph: ops decide it in _launch).
@@ -106,8 +106,8 @@ def _small_m_linear_kernel(
         w_next = tl.load(w_ptrs, mask=n_mask[:, None] & (offs_k < K)[None, :], other=0.0)
     if PDL:  # launched early (ops/pdl.py): read nothing else before the kernel before has finished
         wait_then_release()
-    if SS_SCALE:  # the producer's atomics landed when it finished; L1 may hold an older line
-        ss = tl.load(ss_ptr, cache_modifier=".cg")
+    if SS_SCALE:
+        ss = slot_sum(ss_ptr)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     squares = tl.zeros([BLOCK_M], tl.float32)
     for k in range(0, K, BLOCK_K):
@@ -137,19 +137,32 @@ def _small_m_linear_kernel(
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     if EPI_SS:
-        _add_weigh_and_square(acc, offs_n, n_mask, er_ptr, h_ptr, nw_ptr, y_ptr, ss_ptr)
+        _add_weigh_and_square(acc, pid, offs_n, n_mask, er_ptr, h_ptr, nw_ptr, y_ptr, ss_ptr, clr_ptr)
     else:
         y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
-    if SS_SCALE:
-        release_slot(ss_ptr, cnt_ptr)
+
+
+# a split norm's slot (ops/split_norm.py): SS_LANES float32 sums, SS_STRIDE apart (one 128-byte
+# line each), so that a GEMV's programs add into eight addresses, not one
+SS_LANES = tl.constexpr(8)
+SS_STRIDE = tl.constexpr(32)
+SLOT_FLOATS = 8 * 32
 
 
 @triton.jit
-def _add_weigh_and_square(acc, offs_n, n_mask, r_ptr, h_ptr, nw_ptr, g_ptr, ss_ptr):
+def slot_sum(ss_ptr):
+    # the producer's atomics landed when it finished; L1 may hold an older line
+    return tl.sum(tl.load(ss_ptr + tl.arange(0, SS_LANES) * SS_STRIDE, cache_modifier=".cg"), axis=0)
+
+
+@triton.jit
+def _add_weigh_and_square(acc, pid, offs_n, n_mask, r_ptr, h_ptr, nw_ptr, g_ptr, ss_ptr, clr_ptr):
     # the producer's half of a split RMSNorm (one row): h = y + r and g = h * nw, each rounded
-    # to the row's dtype, and the strip's sum of h squared added into the slot; nothing waits
-    # on the add (a reduction the next kernel reads once this one has finished)
+    # to the row's dtype, and the strip's sum of h squared added into one of the slot's lanes
+    # (nothing waits on the add: the consumer reads the sum once this kernel has finished).
+    # Program 0 zeroes the next pair's slot, whose last consumer has finished and whose producer
+    # comes after this kernel: no consumer needs to count its programs to empty its own.
     dtype = g_ptr.dtype.element_ty
     y = tl.sum(acc, axis=0).to(dtype)
     r = tl.load(r_ptr + offs_n, mask=n_mask, other=0.0)
@@ -158,19 +171,9 @@ def _add_weigh_and_square(acc, offs_n, n_mask, r_ptr, h_ptr, nw_ptr, g_ptr, ss_p
     hf = h.to(tl.float32)
     nw = tl.load(nw_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     tl.store(g_ptr + offs_n, (hf * nw).to(dtype), mask=n_mask)
-    tl.atomic_add(ss_ptr, tl.sum(hf * hf, axis=0), sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def release_slot(ss_ptr, cnt_ptr):
-    # the consumer's last program (by count) puts the slot back to 0 for the next producer: every
-    # program has read the sum by its count (the barrier puts every thread's read before the
-    # release), so the reset cannot reach a program still to read it
-    tl.debug_barrier()
-    done = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
-    if done == tl.num_programs(0) - 1:
-        tl.store(ss_ptr, 0.0)
-        tl.store(cnt_ptr, 0)
+    tl.atomic_add(ss_ptr + (pid % SS_LANES) * SS_STRIDE, tl.sum(hf * hf, axis=0), sem="relaxed", scope="gpu")
+    if pid == 0:
+        tl.store(clr_ptr + tl.arange(0, SS_LANES) * SS_STRIDE, tl.zeros([SS_LANES], tl.float32))
 
 
 # with PDL and ATOM_COMPILE_PREFETCH=1, the prefetching twin of each specialisation is compiled
@@ -196,8 +199,8 @@ def _fits(config: tuple[int, int, int], block_m: int) -> bool:
 def _launch(x, weight, bias, out, config, norm=None, up=None, epilogue=None, scale=None) -> None:
     """`norm`: None, or (norm weight, eps, residual or None, h or None) for the NORM prologue;
     `up`: None, or the up projection for the SILU_MUL prologue (x the gate); `epilogue`: None,
-    or (norm weight, residual, h, slot) for the EPI_SS epilogue (out receives g); `scale`: None,
-    or (eps, slot) for SS_SCALE. A slot is int32 [2]: the sum's float32 bits, the count.
+    or (norm weight, residual, h, slot, slot to clear) for the EPI_SS epilogue (out receives g);
+    `scale`: None, or (eps, slot) for SS_SCALE. A slot is SLOT_FLOATS float32 (check_slot).
 
     Inside a CUDA-graph capture with PDL the weight is prefetched (pdl.prefetch)."""
     block_n, block_k, warps = config
@@ -205,12 +208,11 @@ def _launch(x, weight, bias, out, config, norm=None, up=None, epilogue=None, sca
     n = weight.shape[0]
     dummy = bias if bias is not None else weight
     nw, eps, residual, h = norm if norm is not None else (weight, 0.0, up, None)
-    slot, added = None, out
+    ss, clear, added = out, out, out
     if epilogue is not None:
-        nw, added, h, slot = epilogue
+        nw, added, h, ss, clear = epilogue
     if scale is not None:
-        eps, slot = scale
-    ss, count = (slot.view(torch.float32), slot[1:]) if slot is not None else (out, out)
+        eps, ss = scale
     early = pdl.enabled(x.device)
     constexprs = {"HAS_BIAS": bias is not None, "BLOCK_M": _block_m(m), "BLOCK_N": block_n, "BLOCK_K": block_k,
                   "USE_DOT": _block_m(m) > 1, "IEEE": x.dtype == torch.float32, "PDL": early,
@@ -222,7 +224,7 @@ def _launch(x, weight, bias, out, config, norm=None, up=None, epilogue=None, sca
         (cdiv(n, block_n), 1, 1),
         (x, weight, dummy, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
          residual if residual is not None else x, h if h is not None else out, nw,
-         residual.stride(0) if residual is not None else x.stride(0), float(eps), ss, count, added),
+         residual.stride(0) if residual is not None else x.stride(0), float(eps), ss, clear, added),
         constexprs, num_warps=warps,
     )
 
@@ -361,36 +363,40 @@ def silu_mul_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor) 
     return out
 
 
-def _check_slot(slot: torch.Tensor, x: torch.Tensor, name: str) -> None:
-    if slot.dtype != torch.int32 or slot.shape != (2,) or slot.device != x.device:
-        raise ValueError(f"{name}'s slot is an int32 tensor of 2 on x's device (the sum's bits and a count)")
+def check_slot(slot: torch.Tensor, x: torch.Tensor, name: str) -> None:
+    """A split norm's slot: SLOT_FLOATS contiguous float32 on x's device."""
+    if slot.dtype != torch.float32 or slot.shape != (SLOT_FLOATS,) or not slot.is_contiguous() or slot.device != x.device:
+        raise ValueError(f"{name}'s slots are {SLOT_FLOATS} contiguous float32 on x's device")
 
 
 def linear_add_weigh(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
-                     slot: torch.Tensor, up: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     slot: torch.Tensor, clear: torch.Tensor,
+                     up: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(g, h) with h = x @ weight.T + residual and g = h * norm_weight (x: silu(x) * up with
     `up`, an MLP's down projection), for one row that `supported` accepts (no bias), in one
-    launch; the sum of h squared is added into `slot` for `scaled_linear` (the norm's 1 / rms)."""
+    launch; the sum of h squared is added into `slot` for `scaled_linear` (the norm's 1 / rms),
+    and `clear` (the next pair's slot) is zeroed."""
     n = weight.shape[0]
     if x.shape[0] != 1 or residual.shape != (1, n) or not residual.is_contiguous() or norm_weight.shape != (n,):
         raise ValueError(f"linear_add_weigh takes one row: x {tuple(x.shape)}, weight {tuple(weight.shape)}, "
                          f"residual {tuple(residual.shape)} (contiguous), norm weight {tuple(norm_weight.shape)}")
     if up is not None and up.shape != x.shape:
         raise ValueError(f"linear_add_weigh's up {tuple(up.shape)} is not the gate's {tuple(x.shape)}")
-    _check_slot(slot, x, "linear_add_weigh")
+    check_slot(slot, x, "linear_add_weigh")
+    check_slot(clear, x, "linear_add_weigh")
     g = torch.empty((1, n), dtype=x.dtype, device=x.device)
     h = torch.empty_like(g)
-    _launch(x, weight, None, g, gemv_config(x.shape[1]), up=up, epilogue=(norm_weight, residual, h, slot))
+    _launch(x, weight, None, g, gemv_config(x.shape[1]), up=up, epilogue=(norm_weight, residual, h, slot, clear))
     return g, h
 
 
 def scaled_linear(g: torch.Tensor, weight: torch.Tensor, eps: float, slot: torch.Tensor) -> torch.Tensor:
     """rsqrt(sum / K + eps) * (g @ weight.T), the sum of squares `linear_add_weigh` left in
-    `slot` (which this puts back to 0), for one row that `supported` accepts (no bias), in one
-    launch: with g = h * w it is rms_norm(h) * w @ weight.T."""
+    `slot`, for one row that `supported` accepts (no bias), in one launch: with g = h * w it is
+    rms_norm(h) * w @ weight.T."""
     if g.shape[0] != 1:
         raise ValueError(f"scaled_linear takes one row, not {tuple(g.shape)}")
-    _check_slot(slot, g, "scaled_linear")
+    check_slot(slot, g, "scaled_linear")
     out = torch.empty((1, weight.shape[0]), dtype=g.dtype, device=g.device)
     _launch(g, weight, None, out, gemv_config(g.shape[1]), scale=(eps, slot))
     return out

@@ -75,7 +75,7 @@ def test_both_norms_of_a_layer_are_split_and_compute_the_same():
     # the down projection's residual is the sum the o projection's producer made; eps as the
     # model's; each pair its own site, the consumer the same as its producer
     assert second.args[2].target is operator.getitem and second.args[2].args[0] is first
-    assert (first.args[4], first.args[5], second.args[4], second.args[5]) == (1e-5, 0, 1e-6, 1)
+    assert (first.args[4:], second.args[4:]) == ((1e-5, 0, 1), (1e-6, 1, 0))  # eps, site, clear: round the two
     for scaled in [n for n in gm.graph.nodes if n.target is SCALED]:
         producer = scaled.args[0].args[0]
         assert scaled.args[1].args[0] is producer and scaled.args[7] == producer.args[5]
@@ -86,29 +86,32 @@ def test_both_norms_of_a_layer_are_split_and_compute_the_same():
             torch.testing.assert_close(got, want)
 
 
-def _glu_layer(attn, r, wo, nw, wg, wu, wdown):
+def _glu_layer(attn, r, wo, nw, wg, wu, wdown, wq):
     """The o projection, its add and norm read by a gated MLP's atom::gate_up_glu (transformers'
-    two weights), the down projection, its add."""
+    two weights), the down projection, its add and the next norm, read by the next q."""
     linear = small_m_linear_op()
     h = aten.add.Tensor(linear(attn, wo, None), r)
-    return aten.add.Tensor(h, linear(glu_op()(_norm(h, nw), wg, wu, "silu"), wdown, None))
+    h2 = aten.add.Tensor(h, linear(glu_op()(_norm(h, nw), wg, wu, "silu"), wdown, None))
+    return linear(_norm(h2, nw), wq, None), h2
 
 
 def test_a_gated_mlp_reads_the_split_norm():
     with FakeTensorMode():
         fake = [torch.empty(*s, dtype=BF16, device="cuda") for s in ((1, 32), (1, 16), (16, 32), (16,), (24, 16),
-                                                                      (24, 16), (16, 24))]
+                                                                      (24, 16), (16, 24), (8, 16))]
     gm = _trace(_glu_layer, *fake)
-    assert fuse_epilogues(gm.graph) == 1
+    assert fuse_epilogues(gm.graph) == 2
     gm.graph.lint()
     gm.recompile()
-    [scaled] = [n for n in gm.graph.nodes if n.target is SCALED]
-    assert scaled.args[6] == "silu" and scaled.args[5] is not None and _count(gm, glu_op()) == 0
+    glu, q = [n for n in gm.graph.nodes if n.target is SCALED]
+    assert glu.args[6] == "silu" and glu.args[5] is not None and _count(gm, glu_op()) == 0
+    assert q.args[5:] == (None, "", 1)
     for rows in (1, 2):
         gen = torch.Generator().manual_seed(rows)
         real = [torch.randn(rows if i < 2 else t.shape[0], *t.shape[1:], generator=gen).to(BF16)
                 for i, t in enumerate(fake)]
-        torch.testing.assert_close(gm(*real), _glu_layer(*real))
+        for got, want in zip(gm(*real), _glu_layer(*real)):
+            torch.testing.assert_close(got, want)
 
 
 def test_a_norm_weight_computed_after_the_add_and_an_early_reader_of_the_sum():
@@ -117,21 +120,21 @@ def test_a_norm_weight_computed_after_the_add_and_an_early_reader_of_the_sum():
     keeps the add, the late one reads the producer's sum."""
     linear = small_m_linear_op()
 
-    def f(x, r, w, nw, wq):
+    def f(x, r, w, nw, wq, w2):
         h = aten.add.Tensor(linear(x, w, None), r)
         early = aten.mul.Tensor(h, 2)
         normed = _norm(h, aten.add.Tensor(nw, 1))
-        return linear(normed, wq, None), early, aten.mul.Tensor(h, 3)
+        late = aten.mul.Tensor(h, 3)
+        h2 = aten.add.Tensor(linear(linear(normed, wq, None), w2, None), late)  # the second pair
+        return linear(_norm(h2, nw), wq, None), early, late
 
     with FakeTensorMode():
-        fake = (torch.empty(1, 32, dtype=BF16, device="cuda"), torch.empty(1, 16, dtype=BF16, device="cuda"),
-                torch.empty(16, 32, dtype=BF16, device="cuda"), torch.empty(16, dtype=BF16, device="cuda"),
-                torch.empty(8, 16, dtype=BF16, device="cuda"))
+        fake = [torch.empty(*s, dtype=BF16, device="cuda") for s in ((1, 32), (1, 16), (16, 32), (16,), (8, 16), (16, 8))]
     gm = _trace(f, *fake)
-    assert fuse_epilogues(gm.graph) == 1
+    assert fuse_epilogues(gm.graph) == 2
     gm.graph.lint()
     gm.recompile()
-    [add] = [n for n in gm.graph.nodes if n.target is aten.add.Tensor and n.args[1] != 1]
+    [add] = [n for n in gm.graph.nodes if n.target is aten.add.Tensor and n.args[1] not in (1, 1e-5)]
     assert [u.target for u in add.users] == [aten.mul.Tensor]  # the early reader only
     [late] = [n for n in gm.graph.nodes if n.target is aten.mul.Tensor and n.args[1] == 3]
     assert late.args[0].target is operator.getitem and late.args[0].args[0].target is WEIGH
@@ -141,36 +144,64 @@ def test_a_norm_weight_computed_after_the_add_and_an_early_reader_of_the_sum():
         torch.testing.assert_close(got, want)
 
 
-@pytest.mark.parametrize("case", ["two_readers", "bias", "no_projection", "wide_view", "norm_read_twice",
-                                  "norm_not_projected", "norm_is_output"])
+@pytest.mark.parametrize("case", ["none", "two_readers", "bias", "no_projection", "wide_view", "norm_read_twice",
+                                  "norm_not_projected"])
 def test_what_it_cannot_take_is_left_alone(case):
+    """A norm with one defect, read by a projection whose output feeds a layer of two pairs it
+    can take: those two are split, the defective one is left as it was ("none": no defect, all
+    three split)."""
     linear = small_m_linear_op()
 
-    def f(x, r, w, nw, b):
-        if case.startswith("norm_"):  # the norm read by two projections, by no projection, by none
-            normed = _norm(aten.add.Tensor(linear(x, w, None), r), nw)
-            if case == "norm_read_twice":
-                return linear(normed, aten.view.default(b, [1, 16]), None), linear(normed, aten.view.default(nw, [1, 16]), None)
-            return aten.relu.default(normed) if case == "norm_not_projected" else normed
-        if case == "wide_view":  # a view that is not [batch, seq, N] rows of the projection
+    def f(x, r, w, nw, b, wc, *layer):
+        wide = case == "wide_view"
+        if wide:  # a view that is not [batch, seq, N] rows of the projection
             y = aten.view.default(linear(aten.view.default(x, [2, 32]), w, None), [1, 2, 16])
-            return _norm(aten.view.default(aten.add.Tensor(y, r), [1, 32]), nw)
-        if case == "no_projection":
-            return _norm(aten.add.Tensor(aten.relu.default(r), r), nw)
-        y = linear(x, w, b if case == "bias" else None)
-        out = _norm(aten.add.Tensor(y, r), nw)
-        return (out, aten.mul.Tensor(y, 2)) if case == "two_readers" else out
+            h = aten.view.default(aten.add.Tensor(y, r), [1, 32])
+        elif case == "no_projection":
+            h = aten.add.Tensor(aten.relu.default(r), r)
+        else:
+            y = linear(x, w, b if case == "bias" else None)
+            h = aten.add.Tensor(y, r)
+        normed = _norm(h, nw)
+        if case == "norm_read_twice":
+            attn = aten.add.Tensor(linear(normed, wc, None), linear(normed, wc, None))
+        else:
+            attn = linear(aten.relu.default(normed) if case == "norm_not_projected" else normed,
+                          aten.view.default(wc, [32, 32]) if wide else wc, None)
+        out = _layer(attn, *layer)
+        return (*out, aten.mul.Tensor(y, 2)) if case == "two_readers" else out
+
+    wide = case == "wide_view"
+    with FakeTensorMode():
+        def t(*shape):
+            return torch.empty(*shape, dtype=BF16, device="cuda")
+
+        args = (t(1, 64 if wide else 32), t(*((1, 2, 16) if wide else (1, 16))), t(16, 32), t(32 if wide else 16),
+                t(16), t(32, 32) if wide else t(32, 16), *_args("cuda"))
+    gm = _trace(f, *args[:6], *args[7:])
+    rsqrts = _count(gm, aten.rsqrt.default)
+    assert fuse_epilogues(gm.graph) == (3 if case == "none" else 2)
+    gm.graph.lint()
+    assert _count(gm, WEIGH) == _count(gm, SCALED) == (3 if case == "none" else 2)
+    assert _count(gm, aten.rsqrt.default) == rsqrts - _count(gm, WEIGH)
+
+
+def test_a_lone_pair_and_pairs_not_in_a_chain():
+    """One pair alone has no next producer to empty its slot: left alone. Two pairs side by side
+    (neither reads the other's consumer): only the first is a chain's, so neither is split."""
+    linear = small_m_linear_op()
+
+    def lone(x, r, w, nw, wq):
+        return linear(_norm(aten.add.Tensor(linear(x, w, None), r), nw), wq, None)
+
+    def side_by_side(x, r, w, nw, wq):
+        return lone(x, r, w, nw, wq), lone(aten.mul.Tensor(x, 2), r, w, nw, wq)
 
     with FakeTensorMode():
-        wide = case == "wide_view"
-        args = (torch.empty(1, 64 if wide else 32, dtype=BF16, device="cuda"),
-                torch.empty(*((1, 2, 16) if wide else (1, 16)), dtype=BF16, device="cuda"),
-                torch.empty(16, 32, dtype=BF16, device="cuda"),
-                torch.empty(32 if wide else 16, dtype=BF16, device="cuda"), torch.empty(16, dtype=BF16, device="cuda"))
-    gm = _trace(f, *args)
-    before = len(gm.graph.nodes)
-    assert fuse_epilogues(gm.graph) == 0
-    assert len(gm.graph.nodes) == before and _count(gm, WEIGH) == _count(gm, SCALED) == 0
+        args = [torch.empty(*s, dtype=BF16, device="cuda") for s in ((1, 32), (1, 16), (16, 32), (16,), (8, 16))]
+    for fn in (lone, side_by_side):
+        gm = _trace(fn, *args)
+        assert fuse_epilogues(gm.graph) == 0 and _count(gm, WEIGH) == 0
 
 
 def test_the_pass_runs_where_it_is_asked_for_and_needs_the_small_m_pass():
@@ -200,10 +231,11 @@ def test_the_builtin_llama_at_level_3_saves_the_op_and_a_restart_compiles_nothin
     from support.pass_checks import level3_round_trip
 
     level3_round_trip(tmp_path, "tests.backends.test_epilogue_pass:cpu_small_m_glu_and_epilogue",
-                      "torch.ops.atom.linear_add_weigh", [1, 1])
+                      "torch.ops.atom.linear_add_weigh", [1, 1], layers=2)
     code = "\n".join(p.read_text() for p in tmp_path.rglob("*.py") if "def call(" in p.read_text())
-    # one layer: o's norm read by gate_up (the model's final norm is the graph's output)
-    assert code.count("torch.ops.atom.linear_add_weigh.default(") >= 1
+    # the piece between the attentions: o's norm read by gate_up, down's by the next qkv (the
+    # last piece's one pair is alone: its down feeds the final norm, the graph's output)
+    assert code.count("torch.ops.atom.linear_add_weigh.default(") >= 2
     assert code.count("torch.ops.atom.norm_scaled_linear.default(") == code.count("linear_add_weigh.default(")
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 
-def level3_round_trip(tmp_path, entry: str, op_call: str, tokens: list[int]) -> None:
-    """The tiny built-in Llama at level 3 with `entry` as its inductor pass: its saved pieces
+def level3_round_trip(tmp_path, entry: str, op_call: str, tokens: list[int], layers: int = 1) -> None:
+    """The tiny built-in Llama (`layers` deep) at level 3 with `entry` as its inductor pass: its saved pieces
     call `op_call`, its logits are near the eager model's, and a restart compiles nothing and
     gives the same logits bit for bit."""
     from atom_compile import CompilationConfig, Config, compilation_counter
@@ -16,11 +16,11 @@ def level3_round_trip(tmp_path, entry: str, op_call: str, tokens: list[int]) -> 
 
     def build():
         cc = CompilationConfig(level=3, cache_dir=str(tmp_path), small_m_linear_pass=False, inductor_passes=[entry])
-        return tiny(1, compilation_config=Config(compilation_config=cc), dtype=torch.bfloat16)
+        return tiny(layers, compilation_config=Config(compilation_config=cc), dtype=torch.bfloat16)
 
     stepper = Stepper()
     torch._dynamo.reset()
-    model, reference = build(), tiny(1, dtype=torch.bfloat16)
+    model, reference = build(), tiny(layers, dtype=torch.bfloat16)
     stepper.allocate(model, reference)
     steps = stepper.prefill(tokens)
     before = compilation_counter.clone()

@@ -27,7 +27,7 @@ FLOATS = {"eps", "scale"}
 def _type(name: str) -> str:
     if name in INT_POINTERS:
         return "*i32"
-    if name in ("acc_ptr", "part_ptr", "cos_ptr", "sin_ptr", "ss_ptr"):
+    if name in ("acc_ptr", "part_ptr", "cos_ptr", "sin_ptr", "ss_ptr", "clr_ptr"):
         return "*fp32"
     if name.endswith("_ptr"):
         return "*bf16"

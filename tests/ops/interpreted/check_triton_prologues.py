@@ -125,9 +125,9 @@ def test_gemv_with_the_silu_mul_prologue(kernels, dtype, k):
 @pytest.mark.parametrize("n,k,silu,glu", [(37, 48, False, False), (300, 300, False, True), (3000, 64, False, False),
                                           (64, 300, True, True)])
 def test_a_norm_split_between_two_gemvs(kernels, dtype, n, k, silu, glu):
-    """The producer adds the residual, weighs by the norm weight and sums the squares into the
-    slot; the consumer (a GEMV, or the gate_up GEMV with its activation) scales by 1 / rms and
-    leaves the slot at 0 for the next pair; with `up`, after the SiLU-and-mul prologue."""
+    """The producer adds the residual, weighs by the norm weight, sums the squares into the
+    slot's lanes and zeroes the next pair's slot; the consumer (a GEMV, or the gate_up GEMV
+    with its activation) scales by 1 / rms; with `up`, after the SiLU-and-mul prologue."""
     prologue_linear, tri, _ = kernels
     from atom_compile.ops import triton_glu
 
@@ -137,17 +137,20 @@ def test_a_norm_split_between_two_gemvs(kernels, dtype, n, k, silu, glu):
     r = torch.randn(1, n, generator=g).to(dtype)
     nw = (1 + torch.randn(n, generator=g) / 4).to(dtype)
     w2 = (torch.randn(2 * 24, n, generator=g) / n ** 0.5).to(dtype)
-    slot = torch.zeros(2, dtype=torch.int32)
+    slots = torch.zeros(2, tri.SLOT_FLOATS)
     tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
-    for _ in range(2):  # the second pair finds the slot back at 0
-        weighed, h = tri.linear_add_weigh(x, w, r, nw, slot, up=up if silu else None)
+    for i in range(4):  # two pairs round two slots, each zeroing the other's
+        slot, clear = slots[i % 2], slots[(i + 1) % 2]
+        clear.fill_(7.0)  # the last pair's sums
+        weighed, h = tri.linear_add_weigh(x, w, r, nw, slot, clear, up=up if silu else None)
+        lanes = slice(None, None, 32)  # eight lanes, a 128-byte line apart
+        assert not clear[lanes].any() and (clear != 0).sum().item() == tri.SLOT_FLOATS - 8
         y = torch.nn.functional.linear(x_in.float(), w.float())
         atol = tol * max(1.0, y.abs().max().item())  # y rounds before the add (the interpreter truncating bf16)
         torch.testing.assert_close(h.float(), y.to(dtype).float() + r.float(), atol=atol, rtol=tol)
         ulp = 2 ** -7 if dtype == torch.bfloat16 else 2 ** -10  # the interpreter truncates, CUDA rounds
         torch.testing.assert_close(weighed, (h.float() * nw.float()).to(dtype), atol=0, rtol=ulp)
-        squares = slot.view(torch.float32)[0].item()
-        assert squares == pytest.approx(h.float().pow(2).sum().item(), rel=1e-4)
+        assert slot[lanes].sum().item() == pytest.approx(h.float().pow(2).sum().item(), rel=1e-4)
         normed = prologue_linear._reference(h, None, nw, 1e-5)[0]
         if glu:
             got = triton_glu.gate_up_glu(weighed, w2[:24], w2[24:], "silu", scale=(1e-5, slot))
@@ -156,19 +159,20 @@ def test_a_norm_split_between_two_gemvs(kernels, dtype, n, k, silu, glu):
         else:
             got = tri.scaled_linear(weighed, w2, 1e-5, slot)
             want = torch.nn.functional.linear(normed.float(), w2.float()).to(dtype)
-        assert slot.tolist() == [0, 0]
         torch.testing.assert_close(got.float(), want.float(), atol=2 * tol, rtol=2 * tol)
 
 
 def test_the_split_norm_refuses_what_it_cannot_take(kernels):
     _, tri, _ = kernels
     x, r, nw, w = _case(1, 8, 16, torch.float16, seed=1)
-    slot = torch.zeros(2, dtype=torch.int32)
+    slot, clear = torch.zeros(tri.SLOT_FLOATS), torch.zeros(tri.SLOT_FLOATS)
     with pytest.raises(ValueError, match="one row"):
-        tri.linear_add_weigh(x.expand(2, 16), w, r[:, :8], nw[:8], slot)
+        tri.linear_add_weigh(x.expand(2, 16), w, r[:, :8], nw[:8], slot, clear)
     with pytest.raises(ValueError, match="is not the gate's"):
-        tri.linear_add_weigh(x, w, r[:, :8].contiguous(), nw[:8], slot, up=r[:, :8].contiguous())
-    with pytest.raises(ValueError, match="int32"):
-        tri.linear_add_weigh(x, w, r[:, :8].contiguous(), nw[:8], slot.long())
+        tri.linear_add_weigh(x, w, r[:, :8].contiguous(), nw[:8], slot, clear, up=r[:, :8].contiguous())
+    with pytest.raises(ValueError, match="float32"):
+        tri.linear_add_weigh(x, w, r[:, :8].contiguous(), nw[:8], slot.double(), clear)
+    with pytest.raises(ValueError, match="float32"):
+        tri.scaled_linear(x, w, 1e-5, slot[:8])
     with pytest.raises(ValueError, match="one row"):
         tri.scaled_linear(x.expand(2, 16), w, 1e-5, slot)
