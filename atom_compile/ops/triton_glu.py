@@ -19,7 +19,7 @@ from . import pdl
 from .pdl import wait_then_release
 from .triton_rowwise import ACTIVATIONS, activation
 from .triton_launch import FastLaunch, cdiv
-from .triton_linear import check_slot, gemv_config, slot_sum
+from .triton_linear import check_slot, gemv_config, rsqrt_of_lanes, slot_lanes
 
 
 @triton.jit
@@ -56,10 +56,10 @@ def _gate_up_glu_kernel(x_ptr, wg_ptr, wu_ptr, y_ptr, N, K, stride_gn, stride_un
     if PDL:  # launched early (ops/pdl.py): read nothing before the kernel before has finished
         wait_then_release()
     if SS_SCALE:
-        ss = slot_sum(ss_ptr)
+        lanes = slot_lanes(ss_ptr)
     acc_g, acc_u = two_row_blocks(x_ptr, g_ptrs, u_ptrs, n_mask, K, BLOCK_N, BLOCK_K)
     if SS_SCALE:
-        rstd = tl.rsqrt(ss / K + eps)
+        rstd = rsqrt_of_lanes(lanes, K, eps)
         acc_g *= rstd
         acc_u *= rstd
     # rounded where the model's ops round: each projection's output, act(gate), the product

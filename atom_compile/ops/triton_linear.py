@@ -107,7 +107,7 @@ def _small_m_linear_kernel(
     if PDL:  # launched early (ops/pdl.py): read nothing else before the kernel before has finished
         wait_then_release()
     if SS_SCALE:
-        ss = slot_sum(ss_ptr)
+        lanes = slot_lanes(ss_ptr)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     squares = tl.zeros([BLOCK_M], tl.float32)
     for k in range(0, K, BLOCK_K):
@@ -133,7 +133,7 @@ def _small_m_linear_kernel(
     if NORM:
         acc *= tl.rsqrt(squares / K + eps)[:, None]
     if SS_SCALE:
-        acc *= tl.rsqrt(ss / K + eps)
+        acc *= rsqrt_of_lanes(lanes, K, eps)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     if EPI_SS:
@@ -151,9 +151,16 @@ SLOT_FLOATS = 8 * 32
 
 
 @triton.jit
-def slot_sum(ss_ptr):
-    # the producer's atomics landed when it finished; L1 may hold an older line
-    return tl.sum(tl.load(ss_ptr + tl.arange(0, SS_LANES) * SS_STRIDE, cache_modifier=".cg"), axis=0)
+def slot_lanes(ss_ptr):
+    # read right after the wait (the producer's atomics landed when it finished; L1 may hold an
+    # older line), summed at the end (rsqrt_of_lanes): a sum here would hold every thread at a
+    # barrier until the load returned, before the program's first weight load
+    return tl.load(ss_ptr + tl.arange(0, SS_LANES) * SS_STRIDE, cache_modifier=".cg")
+
+
+@triton.jit
+def rsqrt_of_lanes(lanes, K, eps):
+    return tl.rsqrt(tl.sum(lanes, axis=0) / K + eps)
 
 
 @triton.jit
