@@ -67,7 +67,7 @@ def _graph_of(runner):
     return runner.req_graph.graphs[request_bucket(fc.context.running_bs, fc.attn_metadata.max_seqlen_q)]
 
 
-def _kernels(fn) -> None:
+def _kernels(fn, first: int = 30) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -77,7 +77,7 @@ def _kernels(fn) -> None:
     kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
                      key=lambda e: e.time_range.start)
     t0 = kernels[0].time_range.start
-    for k in kernels[:30]:
+    for k in kernels[:first]:
         print(f"  {k.time_range.start - t0:8.1f} {k.time_range.end - t0:8.1f} {k.time_range.elapsed_us():6.1f}  {k.name[:70]}")
 
 
@@ -86,6 +86,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--kernels", type=int, default=30, help="how many of the step's first kernels --profile prints")
     ap.add_argument("--arm", default="atom-full", help="a FULL arm of decode.py (its switches), e.g. atom-full-ropeattn")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -113,7 +114,7 @@ def main() -> None:
                       f"| {_host(fn, args.steps):.1f} |", flush=True)
             if args.profile:
                 print(f"kernels of one bs {b} step (start, end, us):")
-                _kernels(lambda: runner.run_model(ids))
+                _kernels(lambda: runner.run_model(ids), args.kernels)
 
 
 if __name__ == "__main__":
