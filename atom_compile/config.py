@@ -80,8 +80,8 @@ class CompilationConfig:
     # The built-in post-grad pass (backends/epilogue_pass.py) that splits an RMSNorm between the
     # projections around it (a layer's o or down before, gate_up or the next qkv after): at one
     # token the first GEMV adds, weighs and sums the squares, the second scales by 1 / rms; no
-    # norm kernel. Off until measured on a GPU (benchmarks/decode_ab.py -epinorm); needs
-    # small_m_linear_pass. Keyed when on.
+    # norm kernel. Off: on an H100 the chain of kernels is 1.6% faster with it, the decode step
+    # 10% slower (BENCHMARKS.md). Needs small_m_linear_pass. Keyed when on.
     epilogue_pass: bool = False
     # The built-in post-grad pass (backends/glu_pass.py) that puts a gated MLP's activation-and-
     # mul (SwiGLU, GeGLU) into the epilogue of its gate and up projections: one launch at one

@@ -5,10 +5,12 @@ After the small-M and GLU passes a decode layer's o and down projections are
 `atom::small_m_linear(X, W, None)`, each followed by the residual add `h = y + r`, the norm
 `rms_norm(h) * w`, and the next projection reading the norm alone (`atom::small_m_linear` for the
 next layer's qkv, `atom::gate_up_glu` for a gated MLP): the norm is a kernel of its own, two a
-layer. This pass rewrites such a chain as `atom::linear_add_weigh(X, W, r, w, eps, site)` and
+layer. This pass rewrites such a chain as `atom::linear_add_weigh(X, W, r, w, eps, site, clear)` and
 `atom::norm_scaled_linear(g, h, w, eps, W2, up, activation, site)` (ops/split_norm.py: at one
 token the first GEMV adds, weighs and sums the squares, the second scales by 1 / rms; no norm
-kernel). The sum replaces the add for its other readers.
+kernel). The sum replaces the add for its other readers. Each producer zeroes the next pair's
+slot, so pairs are split only where two or more form a chain (each pair's projection reads the
+consumer before it), numbered in that order: a lone pair keeps its norm.
 
 The norm is matched as backends/prologue_pass.py matches it (the models' spellings after
 Inductor's decompositions, half precision), on 2-D rows (an engine's flattened tokens) or the
