@@ -45,6 +45,7 @@ import triton
 import triton.language as tl
 
 from atom_compile.ops import l2_prefetch
+from atom_compile.ops.triton_linear import SLOT_FLOATS
 from attention_kernel import _timed
 from decode import copy_bandwidth
 
@@ -98,7 +99,7 @@ class Layers:
         self.hidden = torch.randn(1, HIDDEN, device=dev, dtype=bf)
         self.residual = torch.zeros_like(self.hidden)  # made here: a fill in the chain would be a kernel more
         self.out = torch.empty(1, HEADS, DIM, device=dev, dtype=bf)
-        self.slots = torch.zeros(2 * layers, 256, device=dev)  # the split norms' slots (ops/split_norm.py)
+        self.slots = torch.zeros(2 * layers, SLOT_FLOATS, device=dev)  # the split norms' slots (ops/split_norm.py)
 
     def weight(self, name: str, i: int) -> torch.Tensor:
         if name == "next_qkv":
@@ -153,6 +154,7 @@ def run_chain(lay: Layers, fork: str, items: list[tuple[str, int]], how: tuple[s
     def pair_slots(p: int) -> tuple[torch.Tensor, torch.Tensor]:
         # pair p's slot and the one it zeroes: the next pair's, round the chain's 2 * layers - 1
         return lay.slots[p], lay.slots[(p + 1) % (2 * layers - 1)]
+
     for i in range(layers):
         if i == 0 or not epi:  # with epi, the down GEMV before weighed this layer's input
             h, residual = rw.add_rms_norm(hidden, residual, lay.norm, EPS)

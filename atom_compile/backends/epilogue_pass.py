@@ -77,7 +77,8 @@ def _rows_read(node: fx.Node) -> Optional[fx.Node]:
 def _consumer(normed: fx.Node, linear, glu) -> Optional[tuple[fx.Node, tuple]]:
     """(the projection that alone reads the norm, its (W2, up, activation)); else None."""
     user = _rows_read(normed)
-    if _call(user, linear) and len(user.args) == 3 and user.args[2] is None and _val(user.args[0]).dim() == 2:
+    if (_call(user, linear) and len(user.args) == 3 and user.args[2] is None and _val(user.args[0]) is not None
+            and _val(user.args[0]).dim() == 2):
         return user, (user.args[1], None, "")
     if _call(user, glu) and len(user.args) == 4 and isinstance(user.args[3], str):
         return user, tuple(user.args[1:4])
@@ -107,15 +108,17 @@ def _depends(node: fx.Node, on: fx.Node, order: dict) -> bool:
     return False
 
 
-def _chain_of_pairs(graph: fx.Graph, linear, glu, limit: int) -> list[tuple]:
-    """The candidates, in the graph's order, each of whose projection reads the consumer before
-    it (the order the slots' zeroing relies on: ops/split_norm.py); at most `limit`."""
+def _chain_of_pairs(graph: fx.Graph, linear, glu, limit: int) -> list[fx.Node]:
+    """The norms of the candidates, in the graph's order, each of whose projection reads the
+    consumer before it (the order the slots' zeroing relies on: ops/split_norm.py); at most `limit`."""
     order = {n: i for i, n in enumerate(graph.nodes)}
-    chain: list[tuple] = []
+    chain: list[fx.Node] = []
+    reader = None  # the last candidate's consumer
     for node in graph.nodes:
         found = _candidate(node, linear, glu) if node.op == "call_function" and len(chain) < limit else None
-        if found is not None and (not chain or _depends(found[2][0], chain[-1][3][0], order)):
-            chain.append(found)
+        if found is not None and (reader is None or _depends(found[2][0], reader, order)):
+            chain.append(node)
+            reader = found[3][0]
     return chain
 
 
@@ -153,7 +156,7 @@ def fuse_epilogues(graph: fx.Graph) -> int:
     from ..ops.linear import op
     from ..ops.split_norm import SITES, ops as split_ops
 
-    chain = [c[0] for c in _chain_of_pairs(graph, op(), glu_op(), SITES)]
+    chain = _chain_of_pairs(graph, op(), glu_op(), SITES)
     if len(chain) < 2:  # a lone pair has no next producer to empty its slot
         return 0
     dead: set[fx.Node] = set()

@@ -147,7 +147,7 @@ def _small_m_linear_kernel(
 # line each), so that a GEMV's programs add into eight addresses, not one
 SS_LANES = tl.constexpr(8)
 SS_STRIDE = tl.constexpr(32)
-SLOT_FLOATS = 8 * 32
+SLOT_FLOATS = SS_LANES.value * SS_STRIDE.value
 
 
 @triton.jit
