@@ -181,7 +181,7 @@ def atom_arm(name: str, batches: list[int]) -> tuple[dict, contextlib.ExitStack]
         cc["inductor_compile_config"] = {"combo_kernels": True}  # the default since 2026-12-06
     if "-nocombo" in name:
         cc["inductor_compile_config"] = {"combo_kernels": False}
-    from atom_compile.ops import triton_linear
+    from atom_compile.ops import triton_linear, triton_splitk
 
     patches = contextlib.ExitStack()
     if "-prefetch" in name:  # ATOM_COMPILE_PREFETCH=1 (its twins compiled with new shapes only)
@@ -194,6 +194,9 @@ def atom_arm(name: str, batches: list[int]) -> tuple[dict, contextlib.ExitStack]
         patches.enter_context(mock.patch.object(triton_linear, "SPLIT_K_ROWS", True))
     if "-nosplitk" in name:  # as ATOM_COMPILE_SPLIT_K=0: cuBLAS for them
         patches.enter_context(mock.patch.object(triton_linear, "SPLIT_K_ROWS", False))
+    if "-nolib" in name:  # 2-8 rows: the split-K shapes only, the library GEMM not a candidate (its own choices)
+        patches.enter_context(mock.patch.object(triton_linear, "_split_k_candidates", lambda: list(triton_splitk.CONFIGS)))
+        patches.enter_context(mock.patch.dict(triton_linear._tuned, clear=True))
     if "-nopnorm" in name:  # norms as Inductor's two-pass loops (its own limit; as up to 1029ea9)
         cc["persistent_reduction_max"] = 0
     if "-norope" in name:  # timing only: q and k unrotated, no RoPE kernel (wrong results)

@@ -255,10 +255,12 @@ def _tune(x, weight, bias, out, key: tuple) -> tuple[int, int, int]:
                          lambda config, w: _launch(x, w, bias, out, config))
 
 
-def _timed_choice(kernel: str, key: tuple, x: torch.Tensor, weight: torch.Tensor, candidates: list, run) -> tuple:
+def _timed_choice(kernel: str, key: tuple, x: torch.Tensor, weight: torch.Tensor, candidates: list, run,
+                  handicap: Optional[dict] = None) -> tuple:
     """The fastest of `candidates` for `run(config, weight)`, timed once per shape and device
-    with the weight read from memory, not from L2 (tuning.past_l2), and kept in the kernel
-    directory (ops/tuning.py); the first candidate off CUDA."""
+    with the weight read from memory, not from L2 (tuning.past_l2), each time plus its
+    `handicap` (ms), and kept in the kernel directory (ops/tuning.py); the first candidate off
+    CUDA."""
     if len(candidates) == 1 or x.device.type != "cuda":
         return candidates[0]
     saved = tuning.lookup(kernel, key, x.device, candidates)
@@ -273,7 +275,7 @@ def _timed_choice(kernel: str, key: tuple, x: torch.Tensor, weight: torch.Tensor
             timings[config] = _bench(lambda: [run(config, w) for w in weights]) / len(weights)
         except OutOfResources:  # a tile this GPU's shared memory cannot hold
             continue
-    best = min(timings, key=timings.get)
+    best = tuning.fastest(timings, handicap)
     logger.debug("atom-compile: %s %s tuned to %s (%.2f us)", kernel, key, best, timings[best] * 1e3)
     tuning.remember(kernel, key, x.device, best)
     return best
@@ -324,7 +326,8 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
         if split_k:
             config = LIBRARY if capturing else _timed_choice(
                 "small_m_split_k", key, x, weight, _split_k_candidates(),
-                lambda c, w: _split_k_or_library(x, w, bias, out, c))
+                lambda c, w: _split_k_or_library(x, w, bias, out, c),
+                {LIBRARY: LIBRARY_CHAIN_US * 1e-3} if pdl.enabled(x.device) else None)
         else:
             config = (gemv_config(x.shape[1]) if _block_m(x.shape[0]) == 1 else CONFIGS[0]) if capturing \
                 else _tune(x, weight, bias, out, key)
@@ -339,6 +342,12 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
 # the split-K path's candidate for "the library GEMM": a shape where cuBLAS/hipBLASLt reads the
 # weight faster keeps it (timed with the split-K shapes; the choice a capture makes untimed)
 LIBRARY = (0, 0, 0, 0)
+# With PDL our kernels launch while the kernel before them ends, and the one after launches while
+# they end; the library GEMM takes no part, so in a decode step it pays two whole boundaries. Timed
+# back to back, each candidate after itself, the split-K shapes gain only one: the library's time
+# counts this much more (us). On an H100 the library read the 4- and 8-row qkv 0.1-0.2 us faster
+# alone, and the split-K shapes made the decode step 0.5% faster (BENCHMARKS.md, `-nolib`)
+LIBRARY_CHAIN_US = 0.5
 
 
 def _split_k_candidates() -> list:

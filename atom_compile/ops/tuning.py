@@ -14,7 +14,9 @@ the next step. So a shape is timed cycling through copies of its weight that tog
 twice the L2 (`past_l2`); timed on the one weight, a layer of up to tens of MB is served from L2
 and the choice favours shapes that are fast only there (BENCHMARKS.md: at 8 rows the in-L2
 timing kept cuBLAS for two projections where split-K was 12-14% faster past L2). Entries carry
-how they were timed (`TIMING`): a choice timed another way is timed again.
+how they were timed (`TIMING`): a choice timed another way is timed again. A candidate may carry
+a handicap for what back-to-back timing does not show (`fastest`: the library GEMM outside our
+kernels' PDL chain, ops/triton_linear.py).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from . import kernel_dir
 logger = logging.getLogger("atom_compile")
 
 MAX_BYTES = 1 << 20  # a table of block shapes; anything larger is not ours
-TIMING = "past-l2"
+TIMING = "past-l2-chain"  # "past-l2" entries were chosen without the library's chain handicap
 MAX_COPIES = 64
 
 
@@ -62,6 +64,13 @@ def past_l2(weight: torch.Tensor) -> list[torch.Tensor]:
         logger.info("atom-compile: no memory for %d copies of a %d-byte weight; its shapes are timed on "
                     "the one weight, which L2 may hold", copies, nbytes)
         return [weight]
+
+
+def fastest(timings: dict, handicap: Optional[dict] = None) -> tuple:
+    """The candidate of least time, each timing plus its `handicap` (the same unit): what a
+    candidate pays in a decode step that timing it back to back does not show."""
+    extra = handicap or {}
+    return min(timings, key=lambda config: timings[config] + extra.get(config, 0.0))
 
 
 def _read(path: Path) -> dict:

@@ -75,6 +75,24 @@ def test_a_choice_timed_another_way_is_timed_again(ops_dir):
     assert len(json.loads(path.read_text())) == 2  # the old entry stays, unread
 
 
+def test_a_choice_made_without_the_chain_handicap_is_timed_again(ops_dir):
+    """Entries of the "past-l2" timing kept the library GEMM where it won back to back by less
+    than its price in a PDL chain."""
+    path = ops_dir / "small_m_split_k.best_config"
+    name = json.loads(tuning._entry(KEY, CPU))[0]
+    path.write_text(json.dumps({json.dumps([name, "past-l2", *(str(k) for k in KEY)]): [0, 0, 0, 0]}))
+    assert tuning.lookup("small_m_split_k", KEY, CPU, [(0, 0, 0, 0), (16, 256, 4, 4)]) is None
+
+
+def test_the_fastest_candidate_counts_its_handicap():
+    library, split = (0, 0, 0, 0), (32, 256, 2, 4)
+    timings = {split: 7.41e-3, library: 7.20e-3}  # ms: the 8-row qkv on an H100, back to back
+    assert tuning.fastest(timings) == library
+    assert tuning.fastest(timings, {library: 0.5e-3}) == split
+    assert tuning.fastest({split: 8.0e-3, library: 7.2e-3}, {library: 0.5e-3}) == library
+    assert tuning.fastest({split: 7.0e-3}, {library: 0.5e-3}) == split  # a handicap of no candidate
+
+
 def test_past_l2_is_the_weight_alone_off_cuda():
     w = torch.ones(4, 4)
     assert tuning.past_l2(w) == [w] and tuning.past_l2(w)[0] is w
