@@ -11,7 +11,8 @@ launch; the counters are left at 0 for the next call, so CUDA-graph replays need
 
 On by default (`ATOM_COMPILE_SPLIT_K=0`, or `triton_linear.SPLIT_K_ROWS = False`, turns it off):
 each shape is timed against the library GEMM as well, with the weight read past L2 as a decode
-step reads it (ops/tuning.py), and the library keeps the shapes it reads faster.
+step reads it (ops/tuning.py), and the library keeps the shapes it reads faster by more than
+its price outside our kernels' PDL chain (triton_linear.LIBRARY_CHAIN_US).
 """
 
 from __future__ import annotations
