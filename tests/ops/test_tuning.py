@@ -80,8 +80,11 @@ def test_a_choice_made_without_the_chain_handicap_is_timed_again(ops_dir):
     than its price in a PDL chain."""
     path = ops_dir / "small_m_split_k.best_config"
     name = json.loads(tuning._entry(KEY, CPU))[0]
+    allowed = [(0, 0, 0, 0), (16, 256, 4, 4)]
     path.write_text(json.dumps({json.dumps([name, "past-l2", *(str(k) for k in KEY)]): [0, 0, 0, 0]}))
-    assert tuning.lookup("small_m_split_k", KEY, CPU, [(0, 0, 0, 0), (16, 256, 4, 4)]) is None
+    assert tuning.lookup("small_m_split_k", KEY, CPU, allowed) is None
+    path.write_text(json.dumps({json.dumps([name, tuning.TIMING, *(str(k) for k in KEY)]): [0, 0, 0, 0]}))
+    assert tuning.lookup("small_m_split_k", KEY, CPU, allowed) == (0, 0, 0, 0)  # the same entry, timed now
 
 
 def test_the_fastest_candidate_counts_its_handicap():
