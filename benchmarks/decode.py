@@ -194,9 +194,11 @@ def atom_arm(name: str, batches: list[int]) -> tuple[dict, contextlib.ExitStack]
         patches.enter_context(mock.patch.object(triton_linear, "SPLIT_K_ROWS", True))
     if "-nosplitk" in name:  # as ATOM_COMPILE_SPLIT_K=0: cuBLAS for them
         patches.enter_context(mock.patch.object(triton_linear, "SPLIT_K_ROWS", False))
-    if "-nolib" in name:  # 2-8 rows: the split-K shapes only, the library GEMM not a candidate (its own choices)
+    if "-nolib" in name:  # 2-8 rows: the split-K shapes only, the library GEMM not a candidate (its own choices,
+        # kept from the other arms in memory and on disk, where the default's would be overwritten)
         patches.enter_context(mock.patch.object(triton_linear, "_split_k_candidates", lambda: list(triton_splitk.CONFIGS)))
         patches.enter_context(mock.patch.dict(triton_linear._tuned, clear=True))
+        patches.enter_context(mock.patch.object(triton_linear.tuning, "remember", lambda *args: None))
     if "-nopnorm" in name:  # norms as Inductor's two-pass loops (its own limit; as up to 1029ea9)
         cc["persistent_reduction_max"] = 0
     if "-norope" in name:  # timing only: q and k unrotated, no RoPE kernel (wrong results)
