@@ -4,11 +4,12 @@ them (SwiGLU: SiLU; GeGLU: GELU's tanh form).
 act(x @ gate_weight.T) * (x @ up_weight.T): the two weights are a merged gate_up weight's two
 row blocks (vLLM's and the built-in Llama's layout) or two weights of their own (transformers').
 The GLU pass (backends/glu_pass.py) puts it where a CUDA piece has that computation. One row
-takes the Triton GEMV with the activation as its epilogue (ops/triton_glu.py: one launch);
-more rows take the projections as `atom::small_m_linear` decides them (one GEMM where the two
-weights are one merged block), then one activation-and-mul kernel (ops/triton_rowwise.py): the
-launches Inductor would have made; off CUDA, PyTorch itself. Results round where the model's
-own ops round.
+takes the Triton GEMV with the activation as its epilogue (ops/triton_glu.py: one launch), and
+2..8 rows the split-K dots' gated form where `atom::small_m_linear` would take the projections
+on one-slice split-K dots; other rows take the projections as `atom::small_m_linear` decides
+them (one GEMM where the two weights are one merged block), then one activation-and-mul kernel
+(ops/triton_rowwise.py): the launches Inductor would have made; off CUDA, PyTorch itself.
+Results round where the model's own ops round.
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ def _merged(first: torch.Tensor, second: torch.Tensor) -> Optional[torch.Tensor]
     if second.storage_offset() != first.storage_offset() + first.shape[0] * first.stride(0):
         return None
     return first.as_strided((2 * first.shape[0], first.shape[1]), first.stride())
+
+
+def merged_weight(gate_weight: torch.Tensor, up_weight: torch.Tensor) -> Optional[torch.Tensor]:
+    """The two weights as the one [2n, k] block they are halves of (in either order), else None."""
+    merged = _merged(gate_weight, up_weight)
+    return merged if merged is not None else _merged(up_weight, gate_weight)
 
 
 def _projections(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,6 +73,9 @@ def gate_up_glu(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Ten
 
         if triton_glu.supported(flat, gate_weight, up_weight):
             return triton_glu.gate_up_glu(flat, gate_weight, up_weight, activation).reshape(shape)
+        config = triton_glu.rows_config(flat, gate_weight, up_weight)
+        if config is not None:  # 2..8 rows: the split-K dots with the activation as their epilogue
+            return triton_glu.gate_up_glu_rows(flat, gate_weight, up_weight, activation, config).reshape(shape)
         gate, up = _projections(flat, gate_weight, up_weight)
         if triton_rowwise.silu_mul_supported(gate, up):
             return triton_rowwise.act_mul(gate, up, activation).reshape(shape)

@@ -1,5 +1,6 @@
 """Triton GEMV for a gated MLP's gate and up projections with act(gate) * up as its epilogue
-(one row; act is SiLU or GELU's tanh form: SwiGLU, GeGLU).
+(one row; act is SiLU or GELU's tanh form: SwiGLU, GeGLU), and the dispatch of 2..8 rows to the
+split-K dots' gated form (ops/triton_splitk.py).
 
 At one token a gated MLP is GEMV (gate_up), activation-and-mul, GEMV (down): the activation is
 a kernel of its own, a launch and a trip of both halves through memory. Here each program reads
@@ -15,11 +16,19 @@ import torch
 import triton
 import triton.language as tl
 
-from . import pdl
+from typing import Optional
+
+from . import pdl, triton_linear, triton_splitk
+from .glu_linear import merged_weight
 from .pdl import wait_then_release
 from .triton_rowwise import ACTIVATIONS, activation
 from .triton_launch import FastLaunch, cdiv
 from .triton_linear import check_slot, gemv_config, rsqrt_of_lanes, slot_lanes
+
+# 2..MAX_M rows take the split-K dots with act(gate) * up as their epilogue where the split-K
+# path takes the projections in one slice; False: the projections, then the activation's own
+# kernel (benchmarks/decode.py's -nosplitglu arm)
+SPLIT_K_GLU = True
 
 
 @triton.jit
@@ -104,4 +113,29 @@ def gate_up_glu(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Ten
             {"BLOCK_N": block_n, "BLOCK_K": block_k, "ACT": ACTIVATIONS.index(act), "PDL": pdl.enabled(x.device),
              "SS_SCALE": scale is not None},
             num_warps=warps)
+    return out
+
+
+def rows_config(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor) -> Optional[tuple]:
+    """The gated split-K shape for 2..MAX_M rows: the shape the split-K path chose for these
+    projections (for the merged weight where the two are one block, as the unfused path reads
+    them), halved (triton_splitk.glu_config); None where that path does not take them, chose
+    the library GEMM or several slices, or SPLIT_K_GLU is off."""
+    if not SPLIT_K_GLU or x.shape[0] < 2 or gate_weight.shape != up_weight.shape:
+        return None
+    weight = merged_weight(gate_weight, up_weight)
+    weight = gate_weight if weight is None else weight
+    if not all(triton_linear.supported(x, w, None) for w in (gate_weight, up_weight, weight)) \
+            or not triton_linear.takes_split_k(x, weight):
+        return None
+    config = triton_linear.split_k_choice(x, weight, None)
+    return None if config == triton_linear.LIBRARY else triton_splitk.glu_config(config)
+
+
+def gate_up_glu_rows(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor, act: str,
+                     config: tuple) -> torch.Tensor:
+    """act(x @ gate_weight.T) * (x @ up_weight.T) for 2..MAX_M rows, in one launch of a
+    `rows_config` shape."""
+    out = torch.empty((x.shape[0], gate_weight.shape[0]), dtype=x.dtype, device=x.device)
+    triton_splitk.launch_glu(x, gate_weight, up_weight, out, act, config)
     return out

@@ -318,25 +318,42 @@ def supported(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor
 def small_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """x @ weight.T + bias for a call `supported` accepts; tuned on first sight of its shape."""
     out = torch.empty((x.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
-    split_k = x.shape[0] > 1 and weight.shape[0] < DOT_MIN_N
-    key = ("split_k" if split_k else _block_m(x.shape[0]), weight.shape[0], weight.shape[1], x.dtype, bias is not None)
+    if takes_split_k(x, weight):
+        return _split_k_or_library(x, weight, bias, out, split_k_choice(x, weight, bias, out))
+    key = (_block_m(x.shape[0]), weight.shape[0], weight.shape[1], x.dtype, bias is not None)
     config = _tuned.get(key)
     if config is None:
-        capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
-        if split_k:
-            config = LIBRARY if capturing else _timed_choice(
-                "small_m_split_k", key, x, weight, _split_k_candidates(),
-                lambda c, w: _split_k_or_library(x, w, bias, out, c),
-                {LIBRARY: LIBRARY_CHAIN_US * 1e-3} if pdl.enabled(x.device) else None)
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            config = gemv_config(x.shape[1]) if _block_m(x.shape[0]) == 1 else CONFIGS[0]
         else:
-            config = (gemv_config(x.shape[1]) if _block_m(x.shape[0]) == 1 else CONFIGS[0]) if capturing \
-                else _tune(x, weight, bias, out, key)
-        if not capturing:
-            _tuned[key] = config
-    if split_k:
-        return _split_k_or_library(x, weight, bias, out, config)
+            config = _tuned[key] = _tune(x, weight, bias, out, key)
     _launch(x, weight, bias, out, config)
     return out
+
+
+def takes_split_k(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a call `supported` accepts goes to the split-K path: 2..MAX_M rows of a layer
+    narrower than DOT_MIN_N."""
+    return x.shape[0] > 1 and weight.shape[0] < DOT_MIN_N
+
+
+def split_k_choice(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                   out: Optional[torch.Tensor] = None) -> tuple:
+    """The split-K path's shape for x @ weight.T (+ bias), or LIBRARY: timed on first sight of
+    the shape outside a capture (`out` a scratch for the timing), LIBRARY untimed inside one."""
+    key = ("split_k", weight.shape[0], weight.shape[1], x.dtype, bias is not None)
+    config = _tuned.get(key)
+    if config is not None:
+        return config
+    if x.is_cuda and torch.cuda.is_current_stream_capturing():
+        return LIBRARY
+    if out is None:
+        out = torch.empty((x.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
+    config = _tuned[key] = _timed_choice(
+        "small_m_split_k", key, x, weight, _split_k_candidates(),
+        lambda c, w: _split_k_or_library(x, w, bias, out, c),
+        {LIBRARY: LIBRARY_CHAIN_US * 1e-3} if pdl.enabled(x.device) else None)
+    return config
 
 
 # the split-K path's candidate for "the library GEMM": a shape where cuBLAS/hipBLASLt reads the

@@ -25,6 +25,7 @@ import triton.language as tl
 
 from . import pdl
 from .pdl import wait_then_release
+from .triton_rowwise import ACTIVATIONS, activation
 from .triton_launch import FastLaunch, cdiv
 
 ROWS = 16  # tl.dot takes at least 16 rows: 2..8 real rows, padded
@@ -40,9 +41,13 @@ _retired: list = []  # counters a larger request replaced: a recorded graph may 
 @triton.jit
 def _split_k_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, tickets_ptr, M, N, K, stride_xm, stride_wn, stride_ym, k_per_split,
+    u_ptr, stride_un,
     HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-    PDL: tl.constexpr, PREFETCH: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr, ACT: tl.constexpr,
 ):
+    # ACT >= 0 (one slice, no bias): a gated MLP's y = act(x @ w.T) * (x @ u.T), act the
+    # activation of that index (ops/triton_rowwise.py), w the gate weight and u the up weight:
+    # each program reads the same BLOCK_N rows of both, so the SiLU-and-mul needs no kernel
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_m = tl.arange(0, 16)
@@ -59,6 +64,9 @@ def _split_k_kernel(
     if PDL:
         wait_then_release()
     acc = tl.zeros([16, BLOCK_N], tl.float32)
+    if ACT >= 0:
+        u_ptrs = u_ptr + offs_n.to(tl.int64)[:, None] * stride_un + (k_first + offs_k)[None, :]
+        acc_u = tl.zeros([16, BLOCK_N], tl.float32)
     for k in range(k_first, k_end, BLOCK_K):
         k_mask = (k + offs_k) < k_end
         x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
@@ -69,11 +77,19 @@ def _split_k_kernel(
         else:
             w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
         acc += tl.dot(x, tl.trans(w))
+        if ACT >= 0:
+            u = tl.load(u_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            acc_u += tl.dot(x, tl.trans(u))
+            u_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
     y_mask = m_mask[:, None] & n_mask[None, :]
-    if SPLIT == 1:
+    if ACT >= 0:  # rounded where the model's ops round: each projection, act(gate), the product
+        dtype = y_ptr.dtype.element_ty
+        act = activation(acc.to(dtype).to(tl.float32), ACT).to(dtype).to(tl.float32)
+        tl.store(y_ptrs, (act * acc_u.to(dtype).to(tl.float32)).to(dtype), mask=y_mask)
+    elif SPLIT == 1:
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
@@ -135,8 +151,39 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], 
     _launch_fn(
         (blocks, split, 1),
         (x, weight, bias if bias is not None else weight, out, part, tickets if tickets is not None else part,
-         m, n, k, x.stride(0), weight.stride(0), out.stride(0), per),
+         m, n, k, x.stride(0), weight.stride(0), out.stride(0), per, weight, weight.stride(0)),
         {"HAS_BIAS": bias is not None, "BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT": split, "PDL": early,
-         "PREFETCH": pdl.prefetch(early, "linear")},
+         "PREFETCH": pdl.prefetch(early, "linear"), "ACT": -1},
+        num_warps=warps,
+    )
+
+
+def glu_config(config: tuple[int, int, int, int]) -> Optional[tuple[int, int, int, int]]:
+    """The gated form of a one-slice shape `config` chose for the gate and up projections'
+    outputs: half its columns from each weight, so a program has as many weight rows in flight
+    and the layer as many programs; None where there is no such form (several slices, or a
+    half narrower than a dot's 16 columns)."""
+    block_n, block_k, split, warps = config
+    if split != 1 or block_n // 2 < 16:
+        return None
+    return block_n // 2, block_k, 1, warps
+
+
+def launch_glu(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor, out: torch.Tensor, act: str,
+               config: tuple[int, int, int, int]) -> None:
+    """out = act(x @ gate_weight.T) * (x @ up_weight.T) for 2..16 rows, in one launch of a
+    one-slice `config` (glu_config); act one of ACTIVATIONS."""
+    block_n, block_k, split, warps = config
+    if split != 1:
+        raise ValueError(f"the gated split-K form takes one slice, not config {config}")
+    m, k = x.shape
+    n = gate_weight.shape[0]
+    early = pdl.enabled(x.device)
+    _launch_fn(
+        (cdiv(n, block_n), 1, 1),
+        (x, gate_weight, gate_weight, out, out, out, m, n, k, x.stride(0), gate_weight.stride(0), out.stride(0), k,
+         up_weight, up_weight.stride(0)),
+        {"HAS_BIAS": False, "BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT": 1, "PDL": early,
+         "PREFETCH": pdl.prefetch(early, "linear"), "ACT": ACTIVATIONS.index(act)},
         num_warps=warps,
     )

@@ -44,14 +44,15 @@ def test_every_multi_row_block_shape_compiles_and_fits_hopper(tmp_path):
 
     rows = _compile(tmp_path, "--every-shape")
     dots = [c for c in triton_linear.CONFIGS if triton_linear._fits(c, 16)]
-    assert len(rows) == 2 * len(triton_splitk.CONFIGS) + len(dots), rows
+    gated = [c for c in map(triton_splitk.glu_config, triton_splitk.CONFIGS) if c is not None]
+    assert gated and len(rows) == 2 * len(triton_splitk.CONFIGS) + len(gated) + len(dots), rows
     for row in rows:
         assert 0 < row["shared"] <= HOPPER_SHARED, row
 
 
 def test_plain_variants_read_nothing_before_the_wait_and_prefetching_ones_do(tmp_path):
     rows = _compile(tmp_path)
-    assert len(rows) == 24, rows
+    assert len(rows) == 25, rows
     for row in rows:
         assert row["launch_pdl"] and row["waits"] >= 1, row
         assert row["after"] > 0, row  # the inputs the kernel before wrote are read after the wait

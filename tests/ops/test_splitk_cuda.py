@@ -68,3 +68,35 @@ def test_the_library_choice_matches_linear_eagerly_and_in_a_graph(monkeypatch, b
     x.normal_()
     graph.replay()
     _close(out, x, w, b)
+
+
+@pytest.mark.parametrize("merged", [True, False])
+def test_few_rows_of_a_gated_mlp_take_the_gated_form_eagerly_and_in_a_graph(monkeypatch, merged):
+    # one launch (no activation kernel) where the split-K path chose one slice for the
+    # projections: the merged block's choice, or each weight's where they are apart
+    from atom_compile.ops import glu_linear, triton_rowwise
+
+    monkeypatch.setattr(triton_linear, "SPLIT_K_ROWS", True)
+    n, k = 8192, 2048
+    gate_up = torch.randn(2 * n, k, device="cuda", dtype=BF16) / k ** 0.5
+    wg, wu = (gate_up[:n], gate_up[n:]) if merged else (gate_up[:n].clone(), gate_up[n:].clone())
+    monkeypatch.setitem(triton_linear._tuned, ("split_k", 2 * n if merged else n, k, BF16, False), (64, 128, 1, 4))
+    launches = []
+    monkeypatch.setattr(triton_splitk, "launch_glu", lambda *a, _f=triton_splitk.launch_glu: launches.append(a[-1]) or _f(*a))
+    monkeypatch.setattr(triton_rowwise, "act_mul", lambda *a: pytest.fail("the activation ran as its own kernel"))
+
+    def want(x):
+        gate, up = (x.float() @ wg.float().T).to(BF16), (x.float() @ wu.float().T).to(BF16)
+        return torch.nn.functional.silu(gate.float()).to(BF16).float() * up.float()
+
+    for m in (2, 8):
+        x = torch.randn(m, k, device="cuda", dtype=BF16)
+        out = glu_linear.gate_up_glu(x, wg, wu, "silu")
+        assert ((out.float() - want(x)).norm() / want(x).norm()).item() < 1e-2
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = glu_linear.gate_up_glu(x, wg, wu, "silu")
+        x.normal_()
+        graph.replay()
+        assert ((out.float() - want(x)).norm() / want(x).norm()).item() < 1e-2
+    assert launches == [(32, 128, 1, 4)] * 4

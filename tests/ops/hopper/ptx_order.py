@@ -91,23 +91,32 @@ VARIANTS = [
      dict(BLOCK_N=1, BLOCK_K=2048, ACT=0, PDL=True, SS_SCALE=True), 2),
     ("qkv gemv with the rope epilogue", _qkv_rope_kernel, dict(HAS_BIAS=True, HALF=32, BLOCK_P=1, BLOCK_K=2048, PDL=True), 2),
     ("rope rows", _rope_rows_kernel, dict(HALF=32, BLOCK_P=256, PDL=True), 4),
-    ("split-k", _split_k_kernel, dict(HAS_BIAS=True, BLOCK_N=16, BLOCK_K=256, SPLIT=4, PDL=True, PREFETCH=False), 4),
+    ("split-k", _split_k_kernel,
+     dict(HAS_BIAS=True, BLOCK_N=16, BLOCK_K=256, SPLIT=4, PDL=True, PREFETCH=False, ACT=-1), 4),
     ("split-k+prefetch", _split_k_kernel,
-     dict(HAS_BIAS=False, BLOCK_N=32, BLOCK_K=128, SPLIT=8, PDL=True, PREFETCH=True), 4),
+     dict(HAS_BIAS=False, BLOCK_N=32, BLOCK_K=128, SPLIT=8, PDL=True, PREFETCH=True, ACT=-1), 4),
+    ("split-k with the silu-mul epilogue", _split_k_kernel,
+     dict(HAS_BIAS=False, BLOCK_N=32, BLOCK_K=128, SPLIT=1, PDL=True, PREFETCH=False, ACT=0), 4),
 ]
 
 
 def every_shape() -> None:
-    """Every block shape the multi-row paths may time (split-K and its prefetching twin, the
-    padded dots): it compiles for sm_90, and the shared memory it asks for."""
+    """Every block shape the multi-row paths may time or derive (split-K, its prefetching twin
+    and its gated form, the padded dots): it compiles for sm_90, and the shared memory it asks for."""
     from atom_compile.ops import triton_linear, triton_splitk
 
     for shape in triton_splitk.CONFIGS:
         block_n, block_k, split, warps = shape
         for prefetch in (False, True):
             kernel = compile_for_hopper(_split_k_kernel, dict(HAS_BIAS=True, BLOCK_N=block_n, BLOCK_K=block_k,
-                                                              SPLIT=split, PDL=True, PREFETCH=prefetch), warps)
+                                                              SPLIT=split, PDL=True, PREFETCH=prefetch, ACT=-1),
+                                        warps)
             print(json.dumps({"kernel": "split-k", "shape": shape, "shared": kernel.metadata.shared}), flush=True)
+        gated = triton_splitk.glu_config(shape)
+        if gated is not None:  # the same shape's gated form: half its columns from each weight
+            kernel = compile_for_hopper(_split_k_kernel, dict(HAS_BIAS=False, BLOCK_N=gated[0], BLOCK_K=block_k,
+                                                              SPLIT=1, PDL=True, PREFETCH=False, ACT=0), warps)
+            print(json.dumps({"kernel": "split-k glu", "shape": gated, "shared": kernel.metadata.shared}), flush=True)
     for shape in (c for c in triton_linear.CONFIGS if triton_linear._fits(c, 16)):
         block_n, block_k, warps = shape
         kernel = compile_for_hopper(_small_m_linear_kernel, _linear(True, BLOCK_M=16, BLOCK_N=block_n,

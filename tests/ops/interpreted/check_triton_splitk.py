@@ -84,3 +84,56 @@ def test_the_library_choice_is_the_same_op(monkeypatch):
         x, w, b, want = _case(3, 40, 96, bias=bias)
         monkeypatch.setitem(tl_._tuned, ("split_k", 40, 96, x.dtype, bias), tl_.LIBRARY)
         torch.testing.assert_close(tl_.small_m_linear(x, w, b).float(), want, atol=2e-3, rtol=2e-3)
+
+
+def _glu_want(x, wg, wu, act):
+    from atom_compile.ops.glu_linear import activate
+
+    # rounded where the model's ops round: each projection, act(gate), the product
+    gate, up = (x.float() @ wg.float().T).to(x.dtype), (x.float() @ wu.float().T).to(x.dtype)
+    return (activate(gate, act).float() * up.float()).to(x.dtype)
+
+
+@pytest.mark.parametrize("m,n,k", [(2, 70, 300), (8, 33, 1000)])
+def test_the_gated_form_of_every_one_slice_shape_matches_act_and_mul(sk, m, n, k):
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(m, k, generator=g).half()
+    wg, wu = ((torch.randn(n, k, generator=g) / k ** 0.5).half() for _ in range(2))
+    gated = [c for c in map(sk.glu_config, sk.CONFIGS) if c is not None]
+    assert gated and all(c[2] == 1 and c[0] >= 16 for c in gated)
+    for act in ("silu", "gelu_tanh"):
+        want = _glu_want(x, wg, wu, act)
+        for config in gated:
+            out = torch.full((m, n), float("nan"), dtype=x.dtype)
+            sk.launch_glu(x, wg, wu, out, act, config)
+            torch.testing.assert_close(out.float(), want.float(), atol=3e-3, rtol=3e-3, msg=f"{act} {config}")
+    with pytest.raises(ValueError, match="one slice"):
+        sk.launch_glu(x, wg, wu, out, "silu", (32, 128, 2, 4))
+
+
+def test_rows_take_the_gated_form_of_the_projections_one_slice_choice(sk, monkeypatch):
+    from atom_compile.ops import triton_glu, triton_linear as tl_
+
+    monkeypatch.setattr(tl_, "SPLIT_K_ROWS", True)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 96, generator=g).half()
+    merged = (torch.randn(2 * 80, 96, generator=g) / 96 ** 0.5).half()
+    wg, wu = merged[:80], merged[80:]
+    merged_key, half_key = ("split_k", 160, 96, x.dtype, False), ("split_k", 80, 96, x.dtype, False)
+    monkeypatch.setitem(tl_._tuned, merged_key, (64, 128, 1, 4))
+    monkeypatch.setitem(tl_._tuned, half_key, (16, 256, 1, 4))
+    assert triton_glu.rows_config(x, wg, wu) == (32, 128, 1, 4)  # the merged block's choice, halved
+    assert triton_glu.rows_config(x, wu, wg) == (32, 128, 1, 4)  # its halves the other way round
+    apart = wg.clone(), wu.clone()
+    assert triton_glu.rows_config(x, *apart) is None  # two weights: their own choice, too narrow to halve
+    monkeypatch.setitem(tl_._tuned, half_key, (32, 256, 1, 4))
+    assert triton_glu.rows_config(x, *apart) == (16, 256, 1, 4)
+    torch.testing.assert_close(triton_glu.gate_up_glu_rows(x, *apart, "silu", (16, 256, 1, 4)).float(),
+                               _glu_want(x, *apart, "silu").float(), atol=3e-3, rtol=3e-3)
+    for other in (tl_.LIBRARY, (64, 128, 2, 4)):  # the library GEMM or several slices: unfused
+        monkeypatch.setitem(tl_._tuned, merged_key, other)
+        assert triton_glu.rows_config(x, wg, wu) is None
+    monkeypatch.setitem(tl_._tuned, merged_key, (64, 128, 1, 4))
+    assert triton_glu.rows_config(x[:1], wg, wu) is None  # one row: the GEMV's own epilogue
+    monkeypatch.setattr(triton_glu, "SPLIT_K_GLU", False)
+    assert triton_glu.rows_config(x, wg, wu) is None
