@@ -16,8 +16,8 @@ the attention its cached keys before their PDL wait, for an A/B of the prefetch 
 run it first, its twins compile with new shapes only) or `-attnpf` (ATOM_COMPILE_PREFETCH=attention:
 the attention's reads only) and as `-dots` (2-8 rows of every
 projection on the small-M kernel's padded tensor-core dots rather than cuBLAS) or `-splitk` (the split-K dots,
-ops/triton_splitk.py, the default since 2026-12-06) or `-nosplitk` (cuBLAS for those) or `-nosplitglu` (2-8 rows of
-the gate_up projection without the SiLU-and-mul as its epilogue: the activation's own kernel); and as
+ops/triton_splitk.py, the default since 2026-12-06) or `-nosplitk` (cuBLAS for those) or `-splitglu` / `-nosplitglu` (2-8 rows of
+the gate_up projection with the SiLU-and-mul as its epilogue, or the activation's own kernel); and as
 `-nopnorm` (persistent_reduction_max=0: the norms as Inductor's two-pass loops, as up to
 1029ea9), `-norope` (the model's RoPE left out: for timing only, a bound on what moving it into
 the attention could save; its results are wrong) and `-attnold` (the decode attention's tuning rule up to 1029ea9) or `-attnPxBxW`
@@ -200,10 +200,10 @@ def atom_arm(name: str, batches: list[int]) -> tuple[dict, contextlib.ExitStack]
         patches.enter_context(mock.patch.object(triton_linear, "_split_k_candidates", lambda: list(triton_splitk.CONFIGS)))
         patches.enter_context(mock.patch.dict(triton_linear._tuned, clear=True))
         patches.enter_context(mock.patch.object(triton_linear.tuning, "remember", lambda *args: None))
-    if "-nosplitglu" in name:  # 2-8 rows: the gate_up projection, then the SiLU-and-mul's own kernel (as up to 2026-12-07)
-        from atom_compile.ops import triton_glu
+    if "-nosplitglu" in name or "-splitglu" in name:  # 2-8 rows of gate_up: the SiLU-and-mul as the split-K
+        from atom_compile.ops import triton_glu  # dots' epilogue, or its own kernel after them (-nosplitglu)
 
-        patches.enter_context(mock.patch.object(triton_glu, "SPLIT_K_GLU", False))
+        patches.enter_context(mock.patch.object(triton_glu, "SPLIT_K_GLU", "-splitglu" in name))
     if "-nopnorm" in name:  # norms as Inductor's two-pass loops (its own limit; as up to 1029ea9)
         cc["persistent_reduction_max"] = 0
     if "-norope" in name:  # timing only: q and k unrotated, no RoPE kernel (wrong results)

@@ -115,6 +115,7 @@ def test_rows_take_the_gated_form_of_the_projections_one_slice_choice(sk, monkey
     from atom_compile.ops import triton_glu, triton_linear as tl_
 
     monkeypatch.setattr(tl_, "SPLIT_K_ROWS", True)
+    monkeypatch.setattr(triton_glu, "SPLIT_K_GLU", True)
     g = torch.Generator().manual_seed(5)
     x = torch.randn(4, 96, generator=g).half()
     merged = (torch.randn(2 * 80, 96, generator=g) / 96 ** 0.5).half()
