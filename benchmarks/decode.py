@@ -17,7 +17,8 @@ run it first, its twins compile with new shapes only) or `-attnpf` (ATOM_COMPILE
 the attention's reads only) and as `-dots` (2-8 rows of every
 projection on the small-M kernel's padded tensor-core dots rather than cuBLAS) or `-splitk` (the split-K dots,
 ops/triton_splitk.py, the default since 2026-12-06) or `-nosplitk` (cuBLAS for those) or `-splitglu` / `-nosplitglu` (2-8 rows of
-the gate_up projection with the SiLU-and-mul as its epilogue, or the activation's own kernel); and as
+the gate_up projection with the SiLU-and-mul as its epilogue, or the activation's own kernel; by
+default 2 rows take the first); and as
 `-nopnorm` (persistent_reduction_max=0: the norms as Inductor's two-pass loops, as up to
 1029ea9), `-norope` (the model's RoPE left out: for timing only, a bound on what moving it into
 the attention could save; its results are wrong) and `-attnold` (the decode attention's tuning rule up to 1029ea9) or `-attnPxBxW`
@@ -203,7 +204,7 @@ def atom_arm(name: str, batches: list[int]) -> tuple[dict, contextlib.ExitStack]
     if "-nosplitglu" in name or "-splitglu" in name:  # 2-8 rows of gate_up: the SiLU-and-mul as the split-K
         from atom_compile.ops import triton_glu  # dots' epilogue, or its own kernel after them (-nosplitglu)
 
-        patches.enter_context(mock.patch.object(triton_glu, "SPLIT_K_GLU", "-splitglu" in name))
+        patches.enter_context(mock.patch.object(triton_glu, "SPLIT_K_GLU_ROWS", 8 if "-splitglu" in name else 0))
     if "-nopnorm" in name:  # norms as Inductor's two-pass loops (its own limit; as up to 1029ea9)
         cc["persistent_reduction_max"] = 0
     if "-norope" in name:  # timing only: q and k unrotated, no RoPE kernel (wrong results)

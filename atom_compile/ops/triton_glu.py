@@ -25,10 +25,11 @@ from .triton_rowwise import ACTIVATIONS, activation
 from .triton_launch import FastLaunch, cdiv
 from .triton_linear import check_slot, gemv_config, rsqrt_of_lanes, slot_lanes
 
-# 2..MAX_M rows take the split-K dots with act(gate) * up as their epilogue where the split-K
-# path takes the projections in one slice; False: the projections, then the activation's own
-# kernel (benchmarks/decode.py's -nosplitglu arm)
-SPLIT_K_GLU = True
+# Up to this many rows (2..MAX_M; 0: none) take the split-K dots with act(gate) * up as their
+# epilogue, where the split-K path takes the projections in one slice; more take the projections,
+# then the activation's own kernel. On an H100 the gated form made the FULL decode step 1.1%
+# faster at batch 2 and 1.6% slower at batch 8 (benchmarks/decode_ab.py -splitglu / -nosplitglu)
+SPLIT_K_GLU_ROWS = 2
 
 
 @triton.jit
@@ -117,11 +118,11 @@ def gate_up_glu(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Ten
 
 
 def rows_config(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor) -> Optional[tuple]:
-    """The gated split-K shape for 2..MAX_M rows: the shape the split-K path chose for these
+    """The gated split-K shape for 2..SPLIT_K_GLU_ROWS rows: the shape the split-K path chose for these
     projections (for the merged weight where the two are one block, as the unfused path reads
     them), halved (triton_splitk.glu_config); None where that path does not take them, chose
-    the library GEMM or several slices, or SPLIT_K_GLU is off."""
-    if not SPLIT_K_GLU or x.shape[0] < 2 or gate_weight.shape != up_weight.shape:
+    the library GEMM or several slices, or x has more than SPLIT_K_GLU_ROWS rows."""
+    if not 2 <= x.shape[0] <= SPLIT_K_GLU_ROWS or gate_weight.shape != up_weight.shape:
         return None
     weight = merged_weight(gate_weight, up_weight)
     weight = gate_weight if weight is None else weight

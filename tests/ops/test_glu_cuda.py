@@ -1,6 +1,6 @@
 """atom::gate_up_glu on the GPU, bf16 at decode shapes, against the model's own PyTorch: one row
-on the epilogue GEMV (one launch), more rows on the projections and the SiLU-and-mul kernel (or
-PyTorch's GELU); a merged gate_up weight's halves (either order) and weights of their own."""
+on the epilogue GEMV (one launch), more rows (past the gated split-K form's, test_splitk_cuda.py)
+on the projections and the activation-and-mul kernel; a merged gate_up weight's halves (either order) and weights of their own."""
 
 from __future__ import annotations
 
@@ -38,7 +38,10 @@ def test_the_op_matches_the_model(m, n, k, layout, activation):
     torch.testing.assert_close(glu_linear.op()(x, gate_w, up_w, activation), want, atol=3e-2, rtol=3e-2)
 
 
-def test_one_row_is_one_launch_and_more_rows_one_activation_kernel():
+def test_one_row_is_one_launch_and_more_rows_one_activation_kernel(monkeypatch):
+    from atom_compile.ops import triton_glu
+
+    monkeypatch.setattr(triton_glu, "SPLIT_K_GLU_ROWS", 0)  # the gated split-K form: test_splitk_cuda.py
     gate_w, up_w = _weights(8192, 2048, "merged", seed=0)
     row = torch.ones(1, 2048, device="cuda", dtype=BF16)
     one = cuda_kernels(lambda: glu_linear.op()(row, gate_w, up_w, "silu"))

@@ -77,7 +77,7 @@ def test_few_rows_of_a_gated_mlp_take_the_gated_form_eagerly_and_in_a_graph(monk
     from atom_compile.ops import glu_linear, triton_glu, triton_rowwise
 
     monkeypatch.setattr(triton_linear, "SPLIT_K_ROWS", True)
-    monkeypatch.setattr(triton_glu, "SPLIT_K_GLU", True)
+    monkeypatch.setattr(triton_glu, "SPLIT_K_GLU_ROWS", 8)
     n, k = 8192, 2048
     gate_up = torch.randn(2 * n, k, device="cuda", dtype=BF16) / k ** 0.5
     wg, wu = (gate_up[:n], gate_up[n:]) if merged else (gate_up[:n].clone(), gate_up[n:].clone())

@@ -115,7 +115,7 @@ def test_rows_take_the_gated_form_of_the_projections_one_slice_choice(sk, monkey
     from atom_compile.ops import triton_glu, triton_linear as tl_
 
     monkeypatch.setattr(tl_, "SPLIT_K_ROWS", True)
-    monkeypatch.setattr(triton_glu, "SPLIT_K_GLU", True)
+    monkeypatch.setattr(triton_glu, "SPLIT_K_GLU_ROWS", 8)
     g = torch.Generator().manual_seed(5)
     x = torch.randn(4, 96, generator=g).half()
     merged = (torch.randn(2 * 80, 96, generator=g) / 96 ** 0.5).half()
@@ -136,5 +136,7 @@ def test_rows_take_the_gated_form_of_the_projections_one_slice_choice(sk, monkey
         assert triton_glu.rows_config(x, wg, wu) is None
     monkeypatch.setitem(tl_._tuned, merged_key, (64, 128, 1, 4))
     assert triton_glu.rows_config(x[:1], wg, wu) is None  # one row: the GEMV's own epilogue
-    monkeypatch.setattr(triton_glu, "SPLIT_K_GLU", False)
-    assert triton_glu.rows_config(x, wg, wu) is None
+    monkeypatch.setattr(triton_glu, "SPLIT_K_GLU_ROWS", 3)  # more rows than that: unfused
+    assert triton_glu.rows_config(x, wg, wu) is None and triton_glu.rows_config(x[:3], wg, wu) == (32, 128, 1, 4)
+    monkeypatch.setattr(triton_glu, "SPLIT_K_GLU_ROWS", 0)
+    assert triton_glu.rows_config(x[:2], wg, wu) is None
