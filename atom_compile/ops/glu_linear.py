@@ -6,10 +6,11 @@ row blocks (vLLM's and the built-in Llama's layout) or two weights of their own 
 The GLU pass (backends/glu_pass.py) puts it where a CUDA piece has that computation. One row
 takes the Triton GEMV with the activation as its epilogue (ops/triton_glu.py: one launch), and
 2..triton_glu.SPLIT_K_GLU_ROWS rows (2 by default) the split-K dots' gated form where
-`atom::small_m_linear` would take the projections on one-slice split-K dots; other rows take the projections as `atom::small_m_linear` decides
-them (one GEMM where the two weights are one merged block), then one activation-and-mul kernel
-(ops/triton_rowwise.py): the launches Inductor would have made; off CUDA, PyTorch itself.
-Results round where the model's own ops round.
+`atom::small_m_linear` would take the projections on one-slice split-K dots; other rows take
+the projections as `atom::small_m_linear` decides them (one GEMM where the two weights are one
+merged block), then one activation-and-mul kernel (ops/triton_rowwise.py): the launches
+Inductor would have made; off CUDA, PyTorch itself. Results round where the model's own ops
+round.
 """
 
 from __future__ import annotations

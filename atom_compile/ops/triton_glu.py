@@ -12,11 +12,11 @@ with the same rows in flight per program, and the activation costs nothing. The 
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
-
-from typing import Optional
 
 from . import pdl, triton_linear, triton_splitk
 from .glu_linear import merged_weight
@@ -118,10 +118,10 @@ def gate_up_glu(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Ten
 
 
 def rows_config(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor) -> Optional[tuple]:
-    """The gated split-K shape for 2..SPLIT_K_GLU_ROWS rows: the shape the split-K path chose for these
-    projections (for the merged weight where the two are one block, as the unfused path reads
-    them), halved (triton_splitk.glu_config); None where that path does not take them, chose
-    the library GEMM or several slices, or x has more than SPLIT_K_GLU_ROWS rows."""
+    """The gated split-K shape for 2..SPLIT_K_GLU_ROWS rows: the shape the split-K path chose
+    for these projections (for the merged weight where the two are one block, as the unfused
+    path reads them), halved (triton_splitk.glu_config); None where that path does not take
+    them or chose the library GEMM or several slices, or x has more rows."""
     if not 2 <= x.shape[0] <= SPLIT_K_GLU_ROWS or gate_weight.shape != up_weight.shape:
         return None
     weight = merged_weight(gate_weight, up_weight)
