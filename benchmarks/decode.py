@@ -16,9 +16,9 @@ the attention its cached keys before their PDL wait, for an A/B of the prefetch 
 run it first, its twins compile with new shapes only) or `-attnpf` (ATOM_COMPILE_PREFETCH=attention:
 the attention's reads only) and as `-dots` (2-8 rows of every
 projection on the small-M kernel's padded tensor-core dots rather than cuBLAS) or `-splitk` (the split-K dots,
-ops/triton_splitk.py, the default since 2026-12-06) or `-nosplitk` (cuBLAS for those) or `-splitglu` / `-nosplitglu` (2-8 rows of
-the gate_up projection with the SiLU-and-mul as its epilogue, or the activation's own kernel; by
-default 2 rows take the first); and as
+ops/triton_splitk.py, the default since 2026-12-06) or `-nosplitk` (cuBLAS for those) or
+`-splitglu` / `-nosplitglu` (2-8 rows of the gate_up projection with the SiLU-and-mul as its
+epilogue, or the activation's own kernel; by default 2 rows take the first); and as
 `-nopnorm` (persistent_reduction_max=0: the norms as Inductor's two-pass loops, as up to
 1029ea9), `-norope` (the model's RoPE left out: for timing only, a bound on what moving it into
 the attention could save; its results are wrong) and `-attnold` (the decode attention's tuning rule up to 1029ea9) or `-attnPxBxW`

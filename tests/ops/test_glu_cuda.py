@@ -1,6 +1,7 @@
 """atom::gate_up_glu on the GPU, bf16 at decode shapes, against the model's own PyTorch: one row
 on the epilogue GEMV (one launch), more rows (past the gated split-K form's, test_splitk_cuda.py)
-on the projections and the activation-and-mul kernel; a merged gate_up weight's halves (either order) and weights of their own."""
+on the projections and the activation-and-mul kernel; a merged gate_up weight's halves (either
+order) and weights of their own."""
 
 from __future__ import annotations
 
