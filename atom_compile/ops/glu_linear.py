@@ -45,13 +45,12 @@ def merged_weight(gate_weight: torch.Tensor, up_weight: torch.Tensor) -> Optiona
 
 
 def _projections(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    n = gate_weight.shape[0]
-    for first, second, swapped in ((gate_weight, up_weight, False), (up_weight, gate_weight, True)):
-        merged = _merged(first, second)
-        if merged is not None:  # one GEMM reads both halves, as the model's own gate_up did
-            both = small_m_linear(x, merged, None)
-            lo, hi = both[..., :n], both[..., n:]
-            return (hi, lo) if swapped else (lo, hi)
+    merged = merged_weight(gate_weight, up_weight)
+    if merged is not None:  # one GEMM reads both halves, as the model's own gate_up did
+        n = gate_weight.shape[0]
+        both = small_m_linear(x, merged, None)
+        lo, hi = both[..., :n], both[..., n:]
+        return (lo, hi) if merged.data_ptr() == gate_weight.data_ptr() else (hi, lo)
     return small_m_linear(x, gate_weight, None), small_m_linear(x, up_weight, None)
 
 

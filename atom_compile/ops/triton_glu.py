@@ -126,7 +126,8 @@ def rows_config(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Ten
         return None
     weight = merged_weight(gate_weight, up_weight)
     weight = gate_weight if weight is None else weight
-    if not all(triton_linear.supported(x, w, None) for w in (gate_weight, up_weight, weight)) \
+    # the merged block is a view of the two: what holds for them holds for it
+    if not all(triton_linear.supported(x, w, None) for w in (gate_weight, up_weight)) \
             or not triton_linear.takes_split_k(x, weight):
         return None
     config = triton_linear.split_k_choice(x, weight, None)
