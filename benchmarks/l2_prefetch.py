@@ -27,7 +27,7 @@ P 64 KB bulk prefetches a program (a power of two; 32 without, the compiler's), 
 kernel of this script's own instead, each thread asking L2 for one 128-byte line
 (`prefetch.global.L2::evict_last`), K KB a program of 4 warps (a power of two, 16 or more).
 An arm prefixed `e.` (`e.base`, `e.qkv:o+gu16`) splits each RMSNorm between the GEMVs around
-it (ops/triton_linear.linear_add_weigh: the o and down GEMVs add, weigh and sum the squares;
+it (ops/triton_gemv_forms.linear_add_weigh: the o and down GEMVs add, weigh and sum the squares;
 scaled_linear: gate_up and the next qkv scale by 1 / rms), five kernels a layer where the
 others run seven.
 --profile ARM,... prints, for those arms, where one replay's layer goes: each kernel's end after the one before's, the
@@ -133,7 +133,7 @@ def split_epi(arm: str) -> tuple[bool, str]:
 def run_chain(lay: Layers, fork: str, items: list[tuple[str, int]], how: tuple[str, int],
               side: torch.cuda.Stream, epi: bool = False) -> torch.Tensor:
     from atom_compile.ops import triton_attention as ta
-    from atom_compile.ops import triton_linear as tlin
+    from atom_compile.ops import triton_gemv_forms as forms, triton_linear as tlin
     from atom_compile.ops import triton_rowwise as rw
 
     main = torch.cuda.current_stream()
@@ -160,7 +160,7 @@ def run_chain(lay: Layers, fork: str, items: list[tuple[str, int]], how: tuple[s
             h, residual = rw.add_rms_norm(hidden, residual, lay.norm, EPS)
             qkv = tlin.small_m_linear(h, lay.qkv[i])
         else:
-            qkv = tlin.scaled_linear(h, lay.qkv[i], EPS, lay.slots[2 * i - 1])
+            qkv = forms.scaled_linear(h, lay.qkv[i], EPS, lay.slots[2 * i - 1])
         maybe_prefetch("qkv", i)
         q = qkv[:, :q_size].view(1, HEADS, DIM)
         k = qkv[:, q_size:q_size + kv_size].view(1, KV_HEADS, DIM)
@@ -169,20 +169,20 @@ def run_chain(lay: Layers, fork: str, items: list[tuple[str, int]], how: tuple[s
         ta.triton_paged_attention(q, cache[0], cache[1], lay.out, lay.meta, DIM ** -0.5, new_kv=(k, v))
         maybe_prefetch("attn", i)
         if epi:  # h is then the weighed row (g), residual the sum
-            h, residual = tlin.linear_add_weigh(lay.out.view(1, q_size), lay.o[i], residual, lay.norm,
+            h, residual = forms.linear_add_weigh(lay.out.view(1, q_size), lay.o[i], residual, lay.norm,
                                                 *pair_slots(2 * i))
             maybe_prefetch("o", i)
-            gu = tlin.scaled_linear(h, lay.gu[i], EPS, lay.slots[2 * i])
+            gu = forms.scaled_linear(h, lay.gu[i], EPS, lay.slots[2 * i])
         else:
             o = tlin.small_m_linear(lay.out.view(1, q_size), lay.o[i])
             maybe_prefetch("o", i)
             h, residual = rw.add_rms_norm(o, residual, lay.norm, EPS)
             gu = tlin.small_m_linear(h, lay.gu[i])
         if epi and i < layers - 1:  # the last layer's output is the down GEMV's, as without
-            h, residual = tlin.linear_add_weigh(gu[:, :INTER], lay.down[i], residual, lay.norm,
+            h, residual = forms.linear_add_weigh(gu[:, :INTER], lay.down[i], residual, lay.norm,
                                                 *pair_slots(2 * i + 1), up=gu[:, INTER:])
         else:
-            hidden = tlin.silu_mul_linear(gu[:, :INTER], gu[:, INTER:], lay.down[i])
+            hidden = forms.silu_mul_linear(gu[:, :INTER], gu[:, INTER:], lay.down[i])
     if fork:
         main.wait_stream(side)  # a capture must join every stream it forked
     return hidden

@@ -75,7 +75,7 @@ def sweep(triton_linear, x, copies, per: float, cublas: float, split_k: bool = F
     out = torch.empty(x.shape[0], copies[0].shape[0], device="cuda", dtype=x.dtype)
     timings = {}
     configs = triton_splitk.CONFIGS if split_k else [c for c in triton_linear.CONFIGS if triton_linear._fits(c, block_m)]
-    run = triton_splitk.launch if split_k else triton_linear._launch
+    run = triton_splitk.launch if split_k else triton_linear.launch_gemv
     for config in configs:
         try:
             timings[config] = triton.testing.do_bench_cudagraph(

@@ -5,7 +5,7 @@
 At one token a decode step's norms and activations are kernels of their own between GEMVs: a
 launch and a trip of the row through memory each, three per layer. The prologue pass
 (backends/prologue_pass.py) puts these ops where a CUDA piece has them. One row takes the GEMV
-with the step as its prologue (ops/triton_linear.py: one launch); more rows take a Triton
+with the step as its prologue (ops/triton_gemv_forms.py: one launch); more rows take a Triton
 row-wise kernel and then `F.linear` (the launches Inductor would have made); off CUDA, PyTorch
 itself. The results round where the model's code does, except that at one row the norm is
 applied in float32 inside the dot (the normalised row is never rounded): within bf16's
@@ -37,11 +37,11 @@ def _fused(x: torch.Tensor, residual: Optional[torch.Tensor], norm_weight: torch
     flat = x.reshape(-1, x.shape[-1])
     res = residual.reshape(flat.shape) if residual is not None else None
     if x.is_cuda and triton_available():
-        from . import triton_linear, triton_rowwise
+        from . import triton_gemv_forms, triton_linear, triton_rowwise
 
         if triton_rowwise.supported(flat, res, norm_weight):
             if flat.shape[0] == 1 and triton_linear.supported(flat, weight, None):
-                y, h = triton_linear.rms_norm_linear(flat, res, norm_weight, eps, weight)
+                y, h = triton_gemv_forms.rms_norm_linear(flat, res, norm_weight, eps, weight)
             else:
                 normed, h = triton_rowwise.add_rms_norm(flat, res, norm_weight, eps)
                 y = torch.nn.functional.linear(normed, weight)
@@ -68,11 +68,11 @@ def _silu_mul_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 def silu_mul_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     flat_g, flat_u = gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1])
     if gate.is_cuda and triton_available():
-        from . import triton_linear, triton_rowwise
+        from . import triton_gemv_forms, triton_linear, triton_rowwise
 
         if triton_rowwise.silu_mul_supported(flat_g, flat_u):
             if flat_g.shape[0] == 1 and triton_linear.supported(flat_g, weight, None):
-                y = triton_linear.silu_mul_linear(flat_g, flat_u, weight)
+                y = triton_gemv_forms.silu_mul_linear(flat_g, flat_u, weight)
             else:
                 y = torch.nn.functional.linear(triton_rowwise.silu_mul(flat_g, flat_u), weight)
             return y.reshape(*gate.shape[:-1], weight.shape[0])

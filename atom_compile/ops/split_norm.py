@@ -89,7 +89,7 @@ def linear_add_weigh(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tens
         raise ValueError(f"atom::linear_add_weigh: clear {clear} is not another site of 0..{SITES - 1} (site {site})")
     found = _slots_for(x, site)
     if found is not None:
-        from . import triton_linear
+        from . import triton_gemv_forms, triton_linear
 
         rows, key = found
         dirty = _dirty[key]
@@ -100,7 +100,7 @@ def linear_add_weigh(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tens
         if (triton_linear.supported(x, weight, None) and residual.shape == (1, weight.shape[0])
                 and residual.dtype == x.dtype and residual.is_contiguous()
                 and norm_weight.dtype == x.dtype and norm_weight.is_contiguous()):
-            return triton_linear.linear_add_weigh(x, weight, residual, norm_weight, rows[site], rows[clear])
+            return triton_gemv_forms.linear_add_weigh(x, weight, residual, norm_weight, rows[site], rows[clear])
         return _weigh_in_torch(x, weight, residual, norm_weight, rows[site], rows[clear])
     y = small_m_linear(x, weight, None)  # the small-M pass's choice for the projection alone
     if x.is_cuda and triton_available():
@@ -113,10 +113,10 @@ def linear_add_weigh(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tens
 
 
 def _scaled(g, h, norm_weight, eps, weight, up_weight, activation, slot) -> torch.Tensor:
-    from . import triton_glu, triton_linear
+    from . import triton_gemv_forms, triton_glu, triton_linear
 
     if up_weight is None and triton_linear.supported(g, weight, None):
-        return triton_linear.scaled_linear(g, weight, eps, slot)
+        return triton_gemv_forms.scaled_linear(g, weight, eps, slot)
     if up_weight is not None and triton_glu.supported(g, weight, up_weight):
         return triton_glu.gate_up_glu(g, weight, up_weight, activation, scale=(eps, slot))
     # weights the kernels do not take: the whole norm from h (the next producer empties the slot)

@@ -23,7 +23,8 @@ from .glu_linear import merged_weight
 from .pdl import wait_then_release
 from .triton_rowwise import ACTIVATIONS, activation
 from .triton_launch import FastLaunch, cdiv
-from .triton_linear import check_slot, gemv_config, rsqrt_of_lanes, slot_lanes
+from .triton_gemv_forms import check_slot
+from .triton_linear import gemv_config, rsqrt_of_lanes, slot_lanes
 
 # Up to this many rows (2..MAX_M; 0: none) take the split-K dots with act(gate) * up as their
 # epilogue, where the split-K path takes the projections in one slice; more take the projections,
@@ -102,7 +103,7 @@ def gate_up_glu(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Ten
                 scale: tuple[float, torch.Tensor] | None = None) -> torch.Tensor:
     """act(x @ gate_weight.T) * (x @ up_weight.T) for a row `supported` accepts and an
     activation `act` of ACTIVATIONS, in one launch. `scale`: (eps, slot) where x is a split
-    RMSNorm's g (triton_linear.scaled_linear's contract: both dots scaled by 1 / rms)."""
+    RMSNorm's g (triton_gemv_forms.scaled_linear's contract: both dots scaled by 1 / rms)."""
     n, k = gate_weight.shape
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     block_n, block_k, warps = config or glu_config(k)

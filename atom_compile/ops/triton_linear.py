@@ -93,7 +93,7 @@ def _small_m_linear_kernel(
     # only): x is such a g, the dot scaled by 1 / rms from the slot's sum over K.
     # PREFETCH (with PDL): the weight's first tile is read before the wait, while the kernel
     # before still runs, and each step reads the next; only for a weight that kernel does not
-    # write (a model's parameter inside a CUDA graph: ops decide it in _launch).
+    # write (a model's parameter inside a CUDA graph: ops decide it in launch_gemv).
     pid = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -203,11 +203,11 @@ def _fits(config: tuple[int, int, int], block_m: int) -> bool:
     return block_n * block_k <= 64 * 32 * warps
 
 
-def _launch(x, weight, bias, out, config, norm=None, up=None, epilogue=None, scale=None) -> None:
+def launch_gemv(x, weight, bias, out, config, norm=None, up=None, epilogue=None, scale=None) -> None:
     """`norm`: None, or (norm weight, eps, residual or None, h or None) for the NORM prologue;
     `up`: None, or the up projection for the SILU_MUL prologue (x the gate); `epilogue`: None,
     or (norm weight, residual, h, slot, slot to clear) for the EPI_SS epilogue (out receives g);
-    `scale`: None, or (eps, slot) for SS_SCALE. A slot is SLOT_FLOATS float32 (check_slot).
+    `scale`: None, or (eps, slot) for SS_SCALE. A slot is SLOT_FLOATS float32 (triton_gemv_forms.check_slot).
 
     Inside a CUDA-graph capture with PDL the weight is prefetched (pdl.prefetch)."""
     block_n, block_k, warps = config
@@ -252,7 +252,7 @@ def _tune(x, weight, bias, out, key: tuple) -> tuple[int, int, int]:
         return gemv_config(x.shape[1])
     candidates = [c for c in CONFIGS if _fits(c, block_m)] or [CONFIGS[0]]
     return _timed_choice("small_m_linear", key, x, weight, candidates,
-                         lambda config, w: _launch(x, w, bias, out, config))
+                         lambda config, w: launch_gemv(x, w, bias, out, config))
 
 
 def _timed_choice(kernel: str, key: tuple, x: torch.Tensor, weight: torch.Tensor, candidates: list, run,
@@ -327,7 +327,7 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
             config = gemv_config(x.shape[1]) if _block_m(x.shape[0]) == 1 else CONFIGS[0]
         else:
             config = _tuned[key] = _tune(x, weight, bias, out, key)
-    _launch(x, weight, bias, out, config)
+    launch_gemv(x, weight, bias, out, config)
     return out
 
 
@@ -375,61 +375,4 @@ def _split_k_or_library(x, weight, bias, out, config) -> torch.Tensor:
     if config == LIBRARY:
         return torch.addmm(bias, x, weight.t(), out=out) if bias is not None else torch.mm(x, weight.t(), out=out)
     triton_splitk.launch(x, weight, bias, out, config)
-    return out
-
-
-def rms_norm_linear(x: torch.Tensor, residual: Optional[torch.Tensor], norm_weight: torch.Tensor, eps: float,
-                    weight: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """(rms_norm(x [+ residual]) * norm_weight @ weight.T, the sum or None) for one row that
-    `supported` accepts (with no bias), in one launch: the norm is the GEMV's prologue."""
-    out = torch.empty((1, weight.shape[0]), dtype=x.dtype, device=x.device)
-    h = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None else None
-    _launch(x, weight, None, out, gemv_config(x.shape[1]), norm=(norm_weight, eps, residual, h))
-    return out, h
-
-
-def silu_mul_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """(silu(gate) * up) @ weight.T for one row that `supported` accepts (with no bias), in one
-    launch: the activation is the GEMV's prologue."""
-    out = torch.empty((1, weight.shape[0]), dtype=gate.dtype, device=gate.device)
-    _launch(gate, weight, None, out, gemv_config(gate.shape[1]), up=up)
-    return out
-
-
-def check_slot(slot: torch.Tensor, x: torch.Tensor, name: str) -> None:
-    """A split norm's slot: SLOT_FLOATS contiguous float32 on x's device."""
-    if slot.dtype != torch.float32 or slot.shape != (SLOT_FLOATS,) or not slot.is_contiguous() or slot.device != x.device:
-        raise ValueError(f"{name}'s slots are {SLOT_FLOATS} contiguous float32 on x's device")
-
-
-def linear_add_weigh(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
-                     slot: torch.Tensor, clear: torch.Tensor,
-                     up: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(g, h) with h = x @ weight.T + residual and g = h * norm_weight (x: silu(x) * up with
-    `up`, an MLP's down projection), for one row that `supported` accepts (no bias), in one
-    launch; the sum of h squared is added into `slot` for `scaled_linear` (the norm's 1 / rms),
-    and `clear` (the next pair's slot) is zeroed."""
-    n = weight.shape[0]
-    if x.shape[0] != 1 or residual.shape != (1, n) or not residual.is_contiguous() or norm_weight.shape != (n,):
-        raise ValueError(f"linear_add_weigh takes one row: x {tuple(x.shape)}, weight {tuple(weight.shape)}, "
-                         f"residual {tuple(residual.shape)} (contiguous), norm weight {tuple(norm_weight.shape)}")
-    if up is not None and up.shape != x.shape:
-        raise ValueError(f"linear_add_weigh's up {tuple(up.shape)} is not the gate's {tuple(x.shape)}")
-    check_slot(slot, x, "linear_add_weigh")
-    check_slot(clear, x, "linear_add_weigh")
-    g = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    h = torch.empty_like(g)
-    _launch(x, weight, None, g, gemv_config(x.shape[1]), up=up, epilogue=(norm_weight, residual, h, slot, clear))
-    return g, h
-
-
-def scaled_linear(g: torch.Tensor, weight: torch.Tensor, eps: float, slot: torch.Tensor) -> torch.Tensor:
-    """rsqrt(sum / K + eps) * (g @ weight.T), the sum of squares `linear_add_weigh` left in
-    `slot`, for one row that `supported` accepts (no bias), in one launch: with g = h * w it is
-    rms_norm(h) * w @ weight.T."""
-    if g.shape[0] != 1:
-        raise ValueError(f"scaled_linear takes one row, not {tuple(g.shape)}")
-    check_slot(slot, g, "scaled_linear")
-    out = torch.empty((1, weight.shape[0]), dtype=g.dtype, device=g.device)
-    _launch(g, weight, None, out, gemv_config(g.shape[1]), scale=(eps, slot))
     return out

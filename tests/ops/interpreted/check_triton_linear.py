@@ -35,7 +35,7 @@ def test_every_block_shape_matches_linear(tri, m):
     block_m = tri._block_m(m)
     for config in [c for c in tri.CONFIGS if tri._fits(c, block_m)]:
         out = torch.full((m, 70), float("nan"), dtype=x.dtype)
-        tri._launch(x, w, b, out, config)
+        tri.launch_gemv(x, w, b, out, config)
         torch.testing.assert_close(out.float(), want, atol=2e-3, rtol=2e-3, msg=f"config {config}")
 
 
@@ -77,6 +77,6 @@ def test_the_prefetching_variant_computes_the_same(tri, monkeypatch, m):
                 for prefetch in (False, True):
                     monkeypatch.setattr(tri.pdl, "prefetch", lambda early, kind: {"linear": prefetch}[kind])
                     out = torch.full((m_, n), float("nan"), dtype=x.dtype)
-                    tri._launch(x, w, None if prologue else b, out, config, **prologue)
+                    tri.launch_gemv(x, w, None if prologue else b, out, config, **prologue)
                     outs.append(out)
                 assert torch.equal(outs[0], outs[1]), f"config {config}, {(m_, n, k)}, {list(prologue)}"

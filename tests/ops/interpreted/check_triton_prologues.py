@@ -22,6 +22,13 @@ def kernels():
     return prologue_linear, triton_linear, triton_rowwise
 
 
+@pytest.fixture(scope="module")
+def forms(kernels):
+    from atom_compile.ops import triton_gemv_forms
+
+    return triton_gemv_forms
+
+
 def _case(m, n, k, dtype, seed):
     g = torch.Generator().manual_seed(seed)
     x = (torch.randn(m, k, generator=g) * 3).to(dtype)
@@ -34,7 +41,7 @@ def _case(m, n, k, dtype, seed):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("k", [48, 300, 3000])
 @pytest.mark.parametrize("add", [False, True])
-def test_gemv_with_the_norm_prologue(kernels, dtype, k, add):
+def test_gemv_with_the_norm_prologue(kernels, forms, dtype, k, add):
     prologue_linear, tri, _ = kernels
     x, r, nw, w = _case(1, 37, k, dtype, seed=k)
     normed, h_want = prologue_linear._reference(x, r if add else None, nw, 1e-5)
@@ -44,11 +51,11 @@ def test_gemv_with_the_norm_prologue(kernels, dtype, k, add):
     for config in [tri.gemv_config(k)] + ([(4, 128, 4), (1, 64, 2)] if k < 1000 else []):
         out = torch.full((1, 37), float("nan"), dtype=dtype)
         h = torch.full_like(x, float("nan")) if add else None
-        tri._launch(x, w, None, out, config, norm=(nw, 1e-5, r if add else None, h))
+        tri.launch_gemv(x, w, None, out, config, norm=(nw, 1e-5, r if add else None, h))
         torch.testing.assert_close(out.float(), want, atol=tol, rtol=tol, msg=f"config {config}")
         if add:  # the sum rounded as the model's own add
             _same_sum(h, h_want)
-    y, h = tri.rms_norm_linear(x, r if add else None, nw, 1e-5, w)
+    y, h = forms.rms_norm_linear(x, r if add else None, nw, 1e-5, w)
     torch.testing.assert_close(y.float(), want, atol=tol, rtol=tol)
     assert (h is None) == (not add)
     if add:
@@ -81,7 +88,7 @@ def test_add_rms_norm_rounds_as_the_model(kernels, dtype, m, k, add):
         _same_sum(h, h_want)
 
 
-def test_strided_rows(kernels):
+def test_strided_rows(kernels, forms):
     prologue_linear, tri, norm = kernels
     big = torch.randn(4, 160).to(torch.float16)
     x, r = big[:, :64], big[:, 80:144]  # rows 160 apart
@@ -91,7 +98,7 @@ def test_strided_rows(kernels):
     y, h = norm.add_rms_norm(x, r, nw, 1e-5)
     torch.testing.assert_close(y, want, atol=1e-6, rtol=2 ** -6)
     assert torch.equal(h, h_want)
-    y1, h1 = tri.rms_norm_linear(x[2:3], r[2:3], nw, 1e-5, w)
+    y1, h1 = forms.rms_norm_linear(x[2:3], r[2:3], nw, 1e-5, w)
     torch.testing.assert_close(y1.float(), torch.nn.functional.linear(want[2:3].float(), w.float()),
                                atol=4e-3, rtol=4e-3)
     assert torch.equal(h1, h_want[2:3])
@@ -99,7 +106,7 @@ def test_strided_rows(kernels):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("k", [40, 300, 5000])
-def test_gemv_with_the_silu_mul_prologue(kernels, dtype, k):
+def test_gemv_with_the_silu_mul_prologue(kernels, forms, dtype, k):
     prologue_linear, tri, rowwise = kernels
     g = torch.Generator().manual_seed(k)
     gu = (torch.randn(1, 2 * k, generator=g) * 2).to(dtype)
@@ -110,9 +117,9 @@ def test_gemv_with_the_silu_mul_prologue(kernels, dtype, k):
     tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
     for config in [tri.gemv_config(k)] + ([(4, 128, 4)] if k < 1000 else []):
         out = torch.full((1, 29), float("nan"), dtype=dtype)
-        tri._launch(gate, w, None, out, config, up=up)
+        tri.launch_gemv(gate, w, None, out, config, up=up)
         torch.testing.assert_close(out.float(), want, atol=tol, rtol=tol, msg=f"config {config}")
-    torch.testing.assert_close(tri.silu_mul_linear(gate, up, w).float(), want, atol=tol, rtol=tol)
+    torch.testing.assert_close(forms.silu_mul_linear(gate, up, w).float(), want, atol=tol, rtol=tol)
     rows = (torch.randn(3, 2 * k, generator=g) * 2).to(dtype)
     got = rowwise.silu_mul(rows[:, :k], rows[:, k:])
     # bf16 through the interpreter truncates (see _same_sum): one step for each of two roundings
@@ -124,7 +131,7 @@ def test_gemv_with_the_silu_mul_prologue(kernels, dtype, k):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("n,k,silu,glu", [(37, 48, False, False), (300, 300, False, True), (3000, 64, False, False),
                                           (64, 300, True, True)])
-def test_a_norm_split_between_two_gemvs(kernels, dtype, n, k, silu, glu):
+def test_a_norm_split_between_two_gemvs(kernels, forms, dtype, n, k, silu, glu):
     """The producer adds the residual, weighs by the norm weight, sums the squares into the
     slot's lanes and zeroes the next pair's slot; the consumer (a GEMV, or the gate_up GEMV
     with its activation) scales by 1 / rms; with `up`, after the SiLU-and-mul prologue."""
@@ -142,7 +149,7 @@ def test_a_norm_split_between_two_gemvs(kernels, dtype, n, k, silu, glu):
     for i in range(4):  # two pairs round two slots, each zeroing the other's
         slot, clear = slots[i % 2], slots[(i + 1) % 2]
         clear.fill_(7.0)  # the last pair's sums
-        weighed, h = tri.linear_add_weigh(x, w, r, nw, slot, clear, up=up if silu else None)
+        weighed, h = forms.linear_add_weigh(x, w, r, nw, slot, clear, up=up if silu else None)
         lanes = slice(None, None, 32)  # eight lanes, a 128-byte line apart
         assert not clear[lanes].any() and (clear != 0).sum().item() == tri.SLOT_FLOATS - 8
         y = torch.nn.functional.linear(x_in.float(), w.float())
@@ -157,22 +164,22 @@ def test_a_norm_split_between_two_gemvs(kernels, dtype, n, k, silu, glu):
             gate, upp = (torch.nn.functional.linear(normed.float(), half.float()).to(dtype) for half in (w2[:24], w2[24:]))
             want = (torch.nn.functional.silu(gate.float()).to(dtype).float() * upp.float()).to(dtype)
         else:
-            got = tri.scaled_linear(weighed, w2, 1e-5, slot)
+            got = forms.scaled_linear(weighed, w2, 1e-5, slot)
             want = torch.nn.functional.linear(normed.float(), w2.float()).to(dtype)
         torch.testing.assert_close(got.float(), want.float(), atol=2 * tol, rtol=2 * tol)
 
 
-def test_the_split_norm_refuses_what_it_cannot_take(kernels):
+def test_the_split_norm_refuses_what_it_cannot_take(kernels, forms):
     _, tri, _ = kernels
     x, r, nw, w = _case(1, 8, 16, torch.float16, seed=1)
     slot, clear = torch.zeros(tri.SLOT_FLOATS), torch.zeros(tri.SLOT_FLOATS)
     with pytest.raises(ValueError, match="one row"):
-        tri.linear_add_weigh(x.expand(2, 16), w, r[:, :8], nw[:8], slot, clear)
+        forms.linear_add_weigh(x.expand(2, 16), w, r[:, :8], nw[:8], slot, clear)
     with pytest.raises(ValueError, match="is not the gate's"):
-        tri.linear_add_weigh(x, w, r[:, :8].contiguous(), nw[:8], slot, clear, up=r[:, :8].contiguous())
+        forms.linear_add_weigh(x, w, r[:, :8].contiguous(), nw[:8], slot, clear, up=r[:, :8].contiguous())
     with pytest.raises(ValueError, match="float32"):
-        tri.linear_add_weigh(x, w, r[:, :8].contiguous(), nw[:8], slot.double(), clear)
+        forms.linear_add_weigh(x, w, r[:, :8].contiguous(), nw[:8], slot.double(), clear)
     with pytest.raises(ValueError, match="float32"):
-        tri.scaled_linear(x, w, 1e-5, slot[:8])
+        forms.scaled_linear(x, w, 1e-5, slot[:8])
     with pytest.raises(ValueError, match="one row"):
-        tri.scaled_linear(x.expand(2, 16), w, 1e-5, slot)
+        forms.scaled_linear(x.expand(2, 16), w, 1e-5, slot)
