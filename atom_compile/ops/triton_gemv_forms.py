@@ -20,7 +20,8 @@ from .triton_linear import SLOT_FLOATS, gemv_config, launch_gemv
 def rms_norm_linear(x: torch.Tensor, residual: Optional[torch.Tensor], norm_weight: torch.Tensor, eps: float,
                     weight: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(rms_norm(x [+ residual]) * norm_weight @ weight.T, the sum or None) for one row that
-    `supported` accepts (with no bias), in one launch: the norm is the GEMV's prologue."""
+    `triton_linear.supported` accepts (with no bias), in one launch: the norm is the GEMV's
+    prologue."""
     out = torch.empty((1, weight.shape[0]), dtype=x.dtype, device=x.device)
     h = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None else None
     launch_gemv(x, weight, None, out, gemv_config(x.shape[1]), norm=(norm_weight, eps, residual, h))
@@ -28,8 +29,8 @@ def rms_norm_linear(x: torch.Tensor, residual: Optional[torch.Tensor], norm_weig
 
 
 def silu_mul_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """(silu(gate) * up) @ weight.T for one row that `supported` accepts (with no bias), in one
-    launch: the activation is the GEMV's prologue."""
+    """(silu(gate) * up) @ weight.T for one row that `triton_linear.supported` accepts (with no
+    bias), in one launch: the activation is the GEMV's prologue."""
     out = torch.empty((1, weight.shape[0]), dtype=gate.dtype, device=gate.device)
     launch_gemv(gate, weight, None, out, gemv_config(gate.shape[1]), up=up)
     return out
@@ -45,9 +46,9 @@ def linear_add_weigh(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tens
                      slot: torch.Tensor, clear: torch.Tensor,
                      up: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(g, h) with h = x @ weight.T + residual and g = h * norm_weight (x: silu(x) * up with
-    `up`, an MLP's down projection), for one row that `supported` accepts (no bias), in one
-    launch; the sum of h squared is added into `slot` for `scaled_linear` (the norm's 1 / rms),
-    and `clear` (the next pair's slot) is zeroed."""
+    `up`, an MLP's down projection), for one row that `triton_linear.supported` accepts (no
+    bias), in one launch; the sum of h squared is added into `slot` for `scaled_linear` (the
+    norm's 1 / rms), and `clear` (the next pair's slot) is zeroed."""
     n = weight.shape[0]
     if x.shape[0] != 1 or residual.shape != (1, n) or not residual.is_contiguous() or norm_weight.shape != (n,):
         raise ValueError(f"linear_add_weigh takes one row: x {tuple(x.shape)}, weight {tuple(weight.shape)}, "
@@ -64,8 +65,8 @@ def linear_add_weigh(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tens
 
 def scaled_linear(g: torch.Tensor, weight: torch.Tensor, eps: float, slot: torch.Tensor) -> torch.Tensor:
     """rsqrt(sum / K + eps) * (g @ weight.T), the sum of squares `linear_add_weigh` left in
-    `slot`, for one row that `supported` accepts (no bias), in one launch: with g = h * w it is
-    rms_norm(h) * w @ weight.T."""
+    `slot`, for one row that `triton_linear.supported` accepts (no bias), in one launch: with
+    g = h * w it is rms_norm(h) * w @ weight.T."""
     if g.shape[0] != 1:
         raise ValueError(f"scaled_linear takes one row, not {tuple(g.shape)}")
     check_slot(slot, g, "scaled_linear")

@@ -207,7 +207,8 @@ def launch_gemv(x, weight, bias, out, config, norm=None, up=None, epilogue=None,
     """`norm`: None, or (norm weight, eps, residual or None, h or None) for the NORM prologue;
     `up`: None, or the up projection for the SILU_MUL prologue (x the gate); `epilogue`: None,
     or (norm weight, residual, h, slot, slot to clear) for the EPI_SS epilogue (out receives g);
-    `scale`: None, or (eps, slot) for SS_SCALE. A slot is SLOT_FLOATS float32 (triton_gemv_forms.check_slot).
+    `scale`: None, or (eps, slot) for SS_SCALE. A slot is SLOT_FLOATS float32
+    (triton_gemv_forms.check_slot).
 
     Inside a CUDA-graph capture with PDL the weight is prefetched (pdl.prefetch)."""
     block_n, block_k, warps = config
