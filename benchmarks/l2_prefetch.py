@@ -170,7 +170,7 @@ def run_chain(lay: Layers, fork: str, items: list[tuple[str, int]], how: tuple[s
         maybe_prefetch("attn", i)
         if epi:  # h is then the weighed row (g), residual the sum
             h, residual = forms.linear_add_weigh(lay.out.view(1, q_size), lay.o[i], residual, lay.norm,
-                                                *pair_slots(2 * i))
+                                                 *pair_slots(2 * i))
             maybe_prefetch("o", i)
             gu = forms.scaled_linear(h, lay.gu[i], EPS, lay.slots[2 * i])
         else:
@@ -180,7 +180,7 @@ def run_chain(lay: Layers, fork: str, items: list[tuple[str, int]], how: tuple[s
             gu = tlin.small_m_linear(h, lay.gu[i])
         if epi and i < layers - 1:  # the last layer's output is the down GEMV's, as without
             h, residual = forms.linear_add_weigh(gu[:, :INTER], lay.down[i], residual, lay.norm,
-                                                *pair_slots(2 * i + 1), up=gu[:, INTER:])
+                                                 *pair_slots(2 * i + 1), up=gu[:, INTER:])
         else:
             hidden = forms.silu_mul_linear(gu[:, :INTER], gu[:, INTER:], lay.down[i])
     if fork:
