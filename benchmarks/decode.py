@@ -46,6 +46,7 @@ import os
 import re
 import statistics
 import sys
+import tempfile
 import time
 from unittest import mock
 
@@ -213,6 +214,12 @@ def atom_arm(name: str, batches: list[int]) -> tuple[dict, contextlib.ExitStack]
         patches.enter_context(mock.patch.object(llama.RotaryEmbedding, "forward", lambda self, p, q, k: (q, k)))
     if "-nol2pf" in name:  # no weight prefetch into L2 before the attention (the default up to 2026-12-06)
         cc["l2_prefetch_mb"] = 0
+    if "-l2pfrest" in name:  # no prefetch before the first attention (the step's opening gap); the stitching
+        from atom_compile.backends import l2_prefetch_pass  # graph differs, so a cache of its own
+
+        plan = l2_prefetch_pass.plan
+        patches.enter_context(mock.patch.object(l2_prefetch_pass, "plan", lambda *args: plan(*args)[1:]))
+        patches.enter_context(mock.patch.dict(os.environ, {"ATOM_COMPILE_CACHE_ROOT": tempfile.mkdtemp()}))
     l2pf = re.search(r"-l2pf(\d+)", name)
     if l2pf:  # -l2pfN: the prefetch's budget, N MB (the default: half the GPU's L2)
         cc["l2_prefetch_mb"] = int(l2pf.group(1))

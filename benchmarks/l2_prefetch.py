@@ -20,11 +20,12 @@ interleaved over --rounds rounds and each arm's us per replay is the median.
 
     python benchmarks/l2_prefetch.py [--layers 16] [--rounds 30] [--arms base,qkv:o+gu16,...]
 
-An arm is `base` or `FORK:W+W...`: FORK is where the prefetch starts (after `qkv`, `attn` or
-`o`), each W a weight (`o`, `gu`, `down`, `next_qkv`; `kv`: the layer's KV cache) with an
-optional size in MB (its first bytes; the whole weight without one), and an optional `/P`:
-P 64 KB bulk prefetches a program (a power of two; 32 without, the compiler's), or `/lK`: a
-kernel of this script's own instead, each thread asking L2 for one 128-byte line
+An arm is `base` or `FORK:W+W...`, or several of those joined by `;`: FORK is where a prefetch
+starts (after the `qkv`, `attn`, `o` or `gu` kernel; `gu`: the gate_up GEMV, before down), each
+W a weight (`o`, `gu`, `down`, `next_qkv`; `kv`: the layer's KV cache) with an optional size in MB
+(its first bytes; the whole weight without one), and an optional `/P` (for every fork): P 64 KB
+bulk prefetches a program (a power of two; 32 without, the compiler's), or `/lK`: a kernel of
+this script's own instead, each thread asking L2 for one 128-byte line
 (`prefetch.global.L2::evict_last`), K KB a program of 4 warps (a power of two, 16 or more).
 An arm prefixed `e.` (`e.base`, `e.qkv:o+gu16`) splits each RMSNorm between the GEMVs around
 it (ops/triton_gemv_forms.linear_add_weigh: the o and down GEMVs add, weigh and sum the squares;
@@ -51,30 +52,35 @@ from decode import copy_bandwidth
 
 HIDDEN, INTER, HEADS, KV_HEADS, DIM, BLOCK, CONTEXT = 2048, 8192, 32, 8, 64, 16, 1024
 EPS = 1e-5
+FORKS = ("qkv", "attn", "o", "gu")  # after that GEMV (or the attention)
 DEFAULT_ARMS = ("base,qkv:o,qkv:o+gu8,qkv:o+gu16,qkv:o+gu24,qkv:gu16,attn:o+gu16,attn:gu16,"
                 "o:gu16,qkv:o+gu16+down8,base")
 
 
-def parse_arm(arm: str) -> tuple[str, list[tuple[str, int]], tuple[str, int]]:
-    """`qkv:o+gu16/8` -> ("qkv", [("o", 0), ("gu", 16 MB)], ("bulk", 8)); size 0: the whole
-    weight; `/l16` -> ("line", 16)."""
+def parse_arm(arm: str) -> tuple[list[tuple[str, list[tuple[str, int]]]], tuple[str, int]]:
+    """`qkv:o+gu16;gu:next_qkv/8` -> ([("qkv", [("o", 0), ("gu", 16 MB)]), ("gu", [("next_qkv", 0)])],
+    ("bulk", 8)); size 0: the whole weight; `/l16` -> ("line", 16)."""
     if arm == "base":
-        return "", [], ("bulk", 0)
+        return [], ("bulk", 0)
     arm, _, suffix = arm.partition("/")
     kind, per = ("line", suffix[1:]) if suffix.startswith("l") else ("bulk", suffix)
     n = int(per) if per.isdigit() else 0
     if per and (n <= 0 or n & (n - 1) or (kind == "line" and n < 16)):
         raise SystemExit(f"bad /{suffix} in {arm!r}: a power of two (l: 16 or more)")
-    fork, _, items = arm.partition(":")
-    if fork not in ("qkv", "attn", "o") or not items:
-        raise SystemExit(f"bad arm {arm!r}: want FORK:W+W with FORK qkv, attn or o")
-    out = []
-    for item in items.split("+"):
-        m = re.fullmatch(r"(o|gu|down|next_qkv|kv)(\d*)", item)
-        if not m:
-            raise SystemExit(f"bad weight {item!r} in {arm!r}: o, gu, down, next_qkv or kv, then MB")
-        out.append((m.group(1), int(m.group(2) or 0) << 20))
-    return fork, out, (kind, n or l2_prefetch.PER_PROGRAM)
+    forks = []
+    for part in arm.split(";"):
+        fork, _, items = part.partition(":")
+        if fork not in FORKS or not items or fork in dict(forks):
+            raise SystemExit(f"bad arm {arm!r}: want FORK:W+W[;FORK:W...] with FORK one of {', '.join(FORKS)}, "
+                             "each once")
+        out = []
+        for item in items.split("+"):
+            m = re.fullmatch(r"(o|gu|down|next_qkv|kv)(\d*)", item)
+            if not m:
+                raise SystemExit(f"bad weight {item!r} in {arm!r}: o, gu, down, next_qkv or kv, then MB")
+            out.append((m.group(1), int(m.group(2) or 0) << 20))
+        forks.append((fork, out))
+    return forks, (kind, n or l2_prefetch.PER_PROGRAM)
 
 
 class Layers:
@@ -130,7 +136,7 @@ def split_epi(arm: str) -> tuple[bool, str]:
     return (True, arm[2:]) if arm.startswith("e.") else (False, arm)
 
 
-def run_chain(lay: Layers, fork: str, items: list[tuple[str, int]], how: tuple[str, int],
+def run_chain(lay: Layers, forks: list[tuple[str, list[tuple[str, int]]]], how: tuple[str, int],
               side: torch.cuda.Stream, epi: bool = False) -> torch.Tensor:
     from atom_compile.ops import triton_attention as ta
     from atom_compile.ops import triton_gemv_forms as forms, triton_linear as tlin
@@ -139,7 +145,8 @@ def run_chain(lay: Layers, fork: str, items: list[tuple[str, int]], how: tuple[s
     main = torch.cuda.current_stream()
 
     def maybe_prefetch(point: str, i: int) -> None:
-        if point != fork:
+        items = dict(forks).get(point)
+        if not items:
             return
         side.wait_stream(main)
         with torch.cuda.stream(side):
@@ -178,25 +185,26 @@ def run_chain(lay: Layers, fork: str, items: list[tuple[str, int]], how: tuple[s
             maybe_prefetch("o", i)
             h, residual = rw.add_rms_norm(o, residual, lay.norm, EPS)
             gu = tlin.small_m_linear(h, lay.gu[i])
+        maybe_prefetch("gu", i)
         if epi and i < layers - 1:  # the last layer's output is the down GEMV's, as without
             h, residual = forms.linear_add_weigh(gu[:, :INTER], lay.down[i], residual, lay.norm,
                                                  *pair_slots(2 * i + 1), up=gu[:, INTER:])
         else:
             hidden = forms.silu_mul_linear(gu[:, :INTER], gu[:, INTER:], lay.down[i])
-    if fork:
+    if forks:
         main.wait_stream(side)  # a capture must join every stream it forked
     return hidden
 
 
 def record(lay: Layers, arm: str) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
     epi, rest = split_epi(arm)
-    fork, items, how = parse_arm(rest)
+    forks, how = parse_arm(rest)
     side = torch.cuda.Stream()
-    run_chain(lay, fork, items, how, side, epi)  # compiles and tunes outside the capture
+    run_chain(lay, forks, how, side, epi)  # compiles and tunes outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = run_chain(lay, fork, items, how, side, epi)
+        out = run_chain(lay, forks, how, side, epi)
     torch.cuda.synchronize()
     return graph, out
 
