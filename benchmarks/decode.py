@@ -214,6 +214,10 @@ def atom_arm(name: str, batches: list[int]) -> tuple[dict, contextlib.ExitStack]
         patches.enter_context(mock.patch.object(llama.RotaryEmbedding, "forward", lambda self, p, q, k: (q, k)))
     if "-nol2pf" in name:  # no weight prefetch into L2 before the attention (the default up to 2026-12-06)
         cc["l2_prefetch_mb"] = 0
+    if "-nomemo" in name:  # each manifest commit hashes every scratch file again (as before 2026-12-07)
+        from atom_compile.cache import scratch
+
+        patches.enter_context(mock.patch.object(scratch, "RACY_NS", 1 << 62))
     if "-l2pfrest" in name:  # no prefetch before the first attention (the step's opening gap); the stitching
         from atom_compile.backends import l2_prefetch_pass  # graph differs, so a cache of its own
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import time
 import uuid
 from pathlib import Path
 from typing import Optional
@@ -33,12 +34,13 @@ def _skipped(name: str) -> bool:
     return name.startswith(".") or name.endswith(RUNTIME_FILES)
 
 
-def walk_files(directory: Path) -> tuple[list[str], list[str]]:
-    """(relative paths of the files a manifest covers, problems) under `directory`, links never
-    followed: a link, a foreign or group/world-writable entry is a problem, not a file."""
-    files: list[str] = []
+def _walk(directory: Path) -> tuple[dict[str, os.stat_result], list[str]]:
+    """({relative path: its lstat} of the files a manifest covers, problems) under `directory`,
+    links never followed: a link, a foreign or group/world-writable entry is a problem."""
+    files: dict[str, os.stat_result] = {}
     problems: list[str] = []
-    stack = [Path(directory)]
+    base = os.fspath(directory).rstrip(os.sep) + os.sep
+    stack = [os.fspath(directory)]
     while stack:
         current = stack.pop()
         try:
@@ -52,21 +54,59 @@ def walk_files(directory: Path) -> tuple[list[str], list[str]]:
             if problem is not None:
                 problems.append(f"{entry.path}: {problem}")
             elif stat.S_ISDIR(st.st_mode):
-                stack.append(Path(entry.path))
+                stack.append(entry.path)
             elif stat.S_ISREG(st.st_mode) and not _skipped(entry.name):
-                files.append(Path(entry.path).relative_to(directory).as_posix())
+                # scandir's paths extend the one it was given: the prefix is `base`
+                files[entry.path[len(base):].replace(os.sep, "/")] = st
             elif not stat.S_ISREG(st.st_mode):
                 problems.append(f"{entry.path}: it is not a regular file")
+    return files, problems
+
+
+def walk_files(directory: Path) -> tuple[list[str], list[str]]:
+    """(relative paths of the files a manifest covers, problems) under `directory`, links never
+    followed: a link, a foreign or group/world-writable entry is a problem, not a file."""
+    files, problems = _walk(directory)
     return sorted(files), problems
+
+
+# A digest known for a file (absolute path -> (its stat's identity then, sha256)). A commit
+# records the manifest after each of our kernels' first launches, dozens in a capture: hashing
+# every file each time cost a cold capture seconds. An unchanged file is not read again:
+# same inode, size, mtime and ctime (a write or a chmod moves ctime, which no call can set
+# back). As git's index does, a file changed less than RACY_NS before its hashing is not
+# remembered: a coarse clock could give its next change the same times.
+_known: dict[str, tuple[tuple, str]] = {}
+RACY_NS = 2_000_000_000
+
+
+def _identity(st: os.stat_result) -> tuple:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def file_digest(root: Path, path: Path, st: Optional[os.stat_result] = None) -> str:
+    """The sha256 of trusted file `path` under `root`, not read again when `st` (its lstat from
+    a walk that checked it) is the stat it was hashed with; raises Untrusted/OSError."""
+    key = os.fspath(path)
+    known = _known.get(key)
+    if st is not None and known is not None and known[0] == _identity(st):
+        return known[1]
+    started = time.time_ns()
+    digest, hashed = trust.sha256_and_stat(root, path)
+    if max(hashed.st_mtime_ns, hashed.st_ctime_ns) < started - RACY_NS:
+        _known[key] = (_identity(hashed), digest)
+    else:
+        _known.pop(key, None)
+    return digest
 
 
 def manifest(root: Path, directory: Path) -> dict[str, str]:
     """{path under `directory`: sha256} of its trusted files (untrusted ones are left out)."""
-    files, _ = walk_files(directory)
+    files, _ = _walk(directory)
     out = {}
-    for rel in files:
+    for rel in sorted(files):
         try:
-            out[rel] = trust.sha256_trusted(root, Path(directory) / rel)
+            out[rel] = file_digest(root, Path(directory) / rel, files[rel])
         except OSError:
             continue
     return out
@@ -79,13 +119,13 @@ def scratch_problem(root: Path, directory: Path, recorded: dict[str, str]) -> Op
     problem = trust.path_problem(root, directory)
     if problem is not None:
         return problem
-    _, problems = walk_files(directory)
+    files, problems = _walk(directory)
     if problems:
         return problems[0]
     for rel, digest in recorded.items():
         path = Path(directory) / rel
         try:
-            actual = trust.sha256_trusted(root, path)
+            actual = file_digest(root, path, files.get(rel))
         except FileNotFoundError:
             return f"{path}: it is missing"
         except OSError as exc:

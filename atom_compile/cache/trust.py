@@ -168,13 +168,20 @@ def read_bytes(root: Path, path: Path, limit: Optional[int] = None) -> bytes:
         return f.read()
 
 
-def sha256_trusted(root: Path, path: Path) -> str:
-    """The sha256 (hex) of trusted regular file `path` under `root`; raises Untrusted/OSError."""
+def sha256_and_stat(root: Path, path: Path) -> tuple[str, os.stat_result]:
+    """The sha256 (hex) of trusted regular file `path` under `root`, and the file's stat taken
+    before it was read (the content hashed is this inode's); raises Untrusted/OSError."""
     digest = hashlib.sha256()
     with os.fdopen(open_file(root, path), "rb") as f:
+        st = os.fstat(f.fileno())
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
-    return digest.hexdigest()
+    return digest.hexdigest(), st
+
+
+def sha256_trusted(root: Path, path: Path) -> str:
+    """The sha256 (hex) of trusted regular file `path` under `root`; raises Untrusted/OSError."""
+    return sha256_and_stat(root, path)[0]
 
 
 def unlink_in(root: Path, path: Path) -> None:
