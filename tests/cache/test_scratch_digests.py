@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from atom_compile.cache import scratch, trust
+from atom_compile.ops import kernel_dir
 
 from test_kernel_files import _index, _manager, _triton_writes
 
@@ -92,8 +93,11 @@ def test_a_file_hashed_right_after_a_change_is_not_remembered(tmp_path, hashes):
 def test_each_kernel_record_hashes_only_the_files_it_added(tmp_path, monkeypatch, hashes):
     monkeypatch.setattr(scratch, "RACY_NS", 0)
     _manager(tmp_path)._scratch_dir()
-    for i in range(6):
-        _triton_writes(f"k{i}.cubin", b"cubin %d" % i)
+    try:
+        for i in range(6):
+            _triton_writes(f"k{i}.cubin", b"cubin %d" % i)
+    finally:  # later tests' kernels compile where Triton would put them
+        kernel_dir.use_kernel_dir(None)
     files = _index(tmp_path)["inductor_files"]
     assert {k: v for k, v in files.items() if k.startswith("triton_ops/")} == \
         {f"triton_ops/KEY/k{i}.cubin": _sha(b"cubin %d" % i) for i in range(6)}
