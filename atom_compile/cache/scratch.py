@@ -34,7 +34,7 @@ def _skipped(name: str) -> bool:
     return name.startswith(".") or name.endswith(RUNTIME_FILES)
 
 
-def _walk(directory: Path) -> tuple[dict[str, os.stat_result], list[str]]:
+def walk_stats(directory: Path) -> tuple[dict[str, os.stat_result], list[str]]:
     """({relative path: its lstat} of the files a manifest covers, problems) under `directory`,
     links never followed: a link, a foreign or group/world-writable entry is a problem."""
     files: dict[str, os.stat_result] = {}
@@ -66,7 +66,7 @@ def _walk(directory: Path) -> tuple[dict[str, os.stat_result], list[str]]:
 def walk_files(directory: Path) -> tuple[list[str], list[str]]:
     """(relative paths of the files a manifest covers, problems) under `directory`, links never
     followed: a link, a foreign or group/world-writable entry is a problem, not a file."""
-    files, problems = _walk(directory)
+    files, problems = walk_stats(directory)
     return sorted(files), problems
 
 
@@ -100,9 +100,11 @@ def file_digest(root: Path, path: Path, st: Optional[os.stat_result] = None) -> 
     return digest
 
 
-def manifest(root: Path, directory: Path) -> dict[str, str]:
-    """{path under `directory`: sha256} of its trusted files (untrusted ones are left out)."""
-    files, _ = _walk(directory)
+def manifest(root: Path, directory: Path, files: Optional[dict[str, os.stat_result]] = None) -> dict[str, str]:
+    """{path under `directory`: sha256} of its trusted files (untrusted ones are left out);
+    `files`: `walk_stats(directory)`'s files, where the caller has walked it already."""
+    if files is None:
+        files, _ = walk_stats(directory)
     out = {}
     for rel in sorted(files):
         try:
@@ -119,7 +121,7 @@ def scratch_problem(root: Path, directory: Path, recorded: dict[str, str]) -> Op
     problem = trust.path_problem(root, directory)
     if problem is not None:
         return problem
-    files, problems = _walk(directory)
+    files, problems = walk_stats(directory)
     if problems:
         return problems[0]
     for rel, digest in recorded.items():

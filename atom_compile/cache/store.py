@@ -287,14 +287,15 @@ class PieceCache:
                 if scratch_used and self.scratch_path.is_dir():
                     scratch.make_private_tree(self.scratch_path)
                     only_scratch = not entries and not remove and dynamo_function is None and not self._repair
+                    walked, _ = scratch.walk_stats(self.scratch_path)  # once, for the names and the digests
                     same_names = not self._scratch_replaced and only_scratch and \
-                        set(scratch.walk_files(self.scratch_path)[0]) == set(current.get("inductor_files") or {})
+                        set(walked) == set(current.get("inductor_files") or {})
                     # a start that only loaded: the same names as recorded means nothing to record
                     # (hashing every file costs a warm start ~0.2 s; a file changed in place is
                     # caught by the digest check of the next start, which repairs it)
                     if same_names:
                         return False
-                    files = scratch.manifest(self.root, self.scratch_path)
+                    files = scratch.manifest(self.root, self.scratch_path, walked)
                     if only_scratch and files == current.get("inductor_files"):
                         return False
                 doc = new_document(current, list(merged.values()), dynamo_function, files,
